@@ -1,0 +1,80 @@
+"""Hybrid tree attention, registered in transformers' `AttentionInterface` as "longspec".
+
+During verification the queries are the T tree tokens and the keys/values are the committed cache (C rows,
+visible to every tree token: no mask) followed by the tree itself (ancestor mask). The two parts are computed
+separately and merged exactly by their log-sum-exps:
+
+      keys:     [ committed cache (C) ........................ | tree (T) ]
+      query i:  [ all visible, prefix kernel, returns LSE l1   | ancestors of i, masked kernel, LSE l2 ]
+      out_i = o1 * exp(l1 - l) + o2 * exp(l2 - l),   l = logaddexp(l1, l2)
+
+so the O(T x C) part never materialises a mask. Calls without the `longspec_tree_mask` kwarg (prefill,
+anything else) are plain SDPA.
+
+Reference: LongSpec (arXiv 2502.17421) §3.4 (hybrid tree attention); transformers `AttentionInterface`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from .kernels import fused_mask_attn, fused_mask_attn_ref, merge_attention_states, prefix_attn, triton_available
+
+
+def _use_triton(query: torch.Tensor) -> bool:
+    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and triton_available()
+
+
+def hybrid_tree_attention(query, key, value, tree_mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of tree queries over [committed cache; tree] with the ancestor mask on the tree part only.
+
+    Args:
+        query: (batch, n_heads, tree_size, head_dim).
+        key, value: (batch, n_kv_heads, committed + tree_size, head_dim), the tree's own K/V last.
+        tree_mask: (tree_size, tree_size) bool, True where query i may see tree key j (ancestors and itself).
+        scale: softmax scale (1/sqrt(head_dim) for the supported targets).
+    Returns: (batch, n_heads, tree_size, head_dim), dtype of `query`.
+    Raises: ValueError if the key length is shorter than the tree.
+    Reference: LongSpec §3.4.
+    """
+    tree_size = query.shape[2]
+    committed = key.shape[2] - tree_size
+    if committed < 0:
+        raise ValueError(f"key length {key.shape[2]} is shorter than the tree ({tree_size} tokens)")
+    tree_attn = fused_mask_attn if _use_triton(query) else fused_mask_attn_ref
+    out_tree, lse_tree = tree_attn(query, key[:, :, committed:], value[:, :, committed:], tree_mask, scale)
+    if committed == 0:
+        return out_tree
+    out_prefix, lse_prefix = prefix_attn(query, key[:, :, :committed], value[:, :, :committed], scale)
+    out, _ = merge_attention_states(out_prefix, lse_prefix, out_tree, lse_tree)
+    return out
+
+
+def longspec_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    longspec_tree_mask: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """The "longspec" attention function: hybrid tree attention for tree calls, SDPA otherwise.
+
+    Args: as transformers attention functions — query (batch, n_heads, q_len, head_dim), key/value
+        (batch, n_kv_heads, kv_len, head_dim); `longspec_tree_mask` (q_len, q_len) bool marks a tree call.
+    Returns: (attn_output (batch, q_len, n_heads, head_dim), None).
+    Reference: transformers `AttentionInterface` / `sdpa_attention_forward`.
+    """
+    if longspec_tree_mask is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = hybrid_tree_attention(query, key, value, longspec_tree_mask, scale)
+    return out.transpose(1, 2).contiguous(), None
+
+
+__all__ = ["hybrid_tree_attention", "longspec_attention_forward"]

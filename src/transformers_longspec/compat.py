@@ -1,0 +1,177 @@
+"""Every touch point with transformers internals, in one place.
+
+What we patch or register (idempotently, by `install()`, which `import transformers_longspec` calls):
+
+* `GenerationMixin._assisted_decoding` (private): a `LongSpecDraft` assistant runs `longspec_tree_decode`;
+  every other assistant runs the original, unchanged.
+* `GenerationMixin._extract_generation_mode_kwargs` (private): with a LongSpec assistant, per-call
+  `longspec_*` kwargs of `generate` (e.g. `longspec_beam_widths=[4, 8, 8]`) reach the decode loop instead of
+  being rejected as unused model kwargs.
+* `GenerationConfig.get_generation_mode` (public method, wrapped): beam search with a LongSpec assistant
+  raises instead of silently ignoring the assistant (stock behaviour is a warning).
+* `AttentionInterface` / `AttentionMaskInterface` (public registries): the "longspec" attention.
+* `AutoConfig` / `AutoModel` (public registries): `model_type="longspec_draft"`.
+
+Tested against transformers 5.17 (the GPU image) and the newest release `pyproject.toml` admits.
+`uninstall()` restores the originals.
+
+Reference: reference/transformers-integration.md §1, §2, §5.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+
+import torch
+from packaging import version
+from transformers import AttentionInterface, AutoConfig, AutoModel, DynamicCache, GenerationConfig
+from transformers import __version__ as transformers_version
+from transformers.generation.utils import GenerationMixin
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTENTION_NAME = "longspec"
+MIN_TRANSFORMERS = version.parse("5.17.0")
+_ORIGINALS: dict[str, object] = {}
+
+
+def _is_longspec(assistant_model) -> bool:
+    from .modeling import LongSpecDraft
+
+    return isinstance(assistant_model, LongSpecDraft)
+
+
+def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                       streamer=None, inputs_tensor=None, assistant_model=None, **model_kwargs):
+    if not _is_longspec(assistant_model):
+        return _ORIGINALS["_assisted_decoding"](
+            self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=synced_gpus,
+            streamer=streamer, inputs_tensor=inputs_tensor, assistant_model=assistant_model, **model_kwargs
+        )
+    from .generation import longspec_tree_decode
+
+    if synced_gpus:
+        raise ValueError("LongSpec decoding does not support synced_gpus (FSDP / ZeRO-3 generation); use one device")
+    for name in ("tokenizer", "assistant_tokenizer"):
+        if model_kwargs.pop(name, None) is not None and name == "assistant_tokenizer":
+            raise ValueError("a LongSpec draft shares the target's tokenizer; do not pass assistant_tokenizer")
+    beam_widths = model_kwargs.pop("longspec_beam_widths", None)
+    return longspec_tree_decode(self, assistant_model, input_ids, logits_processor, stopping_criteria,
+                                generation_config, streamer=streamer, beam_widths=beam_widths, **model_kwargs)
+
+
+def _extract_generation_mode_kwargs(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):
+    extra = {}
+    if _is_longspec(assistant_model):
+        extra = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith("longspec_")]}
+    result = _ORIGINALS["_extract_generation_mode_kwargs"](
+        self, custom_generate, kwargs, synced_gpus, assistant_model, streamer
+    )
+    result.update(extra)
+    return result
+
+
+def _get_generation_mode(self, assistant_model=None):
+    if _is_longspec(assistant_model) and self.num_beams is not None and self.num_beams > 1:
+        raise ValueError(
+            f"num_beams={self.num_beams} cannot be combined with a LongSpec assistant (tree speculation replaces "
+            "beam search); use num_beams=1, or drop assistant_model for beam search"
+        )
+    return _ORIGINALS["get_generation_mode"](self, assistant_model)
+
+
+def install() -> None:
+    """Register LongSpec with transformers (idempotent). Called on `import transformers_longspec`.
+
+    Raises: ImportError if the installed transformers is older than 5.17.
+    """
+    if version.parse(transformers_version) < MIN_TRANSFORMERS:
+        raise ImportError(f"transformers-longspec needs transformers>={MIN_TRANSFORMERS}, found {transformers_version}")
+    from .attention import longspec_attention_forward
+    from .configuration import LongSpecConfig
+    from .modeling import LongSpecDraft
+
+    AttentionInterface.register(ATTENTION_NAME, longspec_attention_forward)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    AutoConfig.register(LongSpecConfig.model_type, LongSpecConfig, exist_ok=True)
+    AutoModel.register(LongSpecConfig, LongSpecDraft, exist_ok=True)
+    if _ORIGINALS:
+        return
+    _ORIGINALS["_assisted_decoding"] = GenerationMixin._assisted_decoding
+    _ORIGINALS["_extract_generation_mode_kwargs"] = GenerationMixin._extract_generation_mode_kwargs
+    _ORIGINALS["get_generation_mode"] = GenerationConfig.get_generation_mode
+    GenerationMixin._assisted_decoding = functools.wraps(GenerationMixin._assisted_decoding)(_assisted_decoding)
+    GenerationMixin._extract_generation_mode_kwargs = _extract_generation_mode_kwargs
+    GenerationConfig.get_generation_mode = _get_generation_mode
+
+
+def uninstall() -> None:
+    """Restore the patched transformers methods (registries keep the "longspec" entries, which are inert)."""
+    if not _ORIGINALS:
+        return
+    GenerationMixin._assisted_decoding = _ORIGINALS.pop("_assisted_decoding")
+    GenerationMixin._extract_generation_mode_kwargs = _ORIGINALS.pop("_extract_generation_mode_kwargs")
+    GenerationConfig.get_generation_mode = _ORIGINALS.pop("get_generation_mode")
+
+
+@contextmanager
+def tree_attention(target):
+    """Within the block, `target`'s attention layers dispatch to "longspec" (restored afterwards, also on error).
+
+    Reference: transformers `PreTrainedModel.set_attn_implementation`.
+    """
+    original = target.config._attn_implementation
+    target.set_attn_implementation(ATTENTION_NAME)
+    try:
+        yield
+    finally:
+        target.set_attn_implementation(original)
+
+
+def check_generate_call(target, draft, input_ids, generation_config, model_kwargs) -> None:
+    """Raise ValueError, before any work, for a `generate` call LongSpec cannot honour exactly.
+
+    Checks: batch size 1, a non-empty prompt without padding, use_cache, no user cache, no attention/hidden-state
+    outputs, the draft attached to THIS target with the same device and dtype, and the context length.
+    Reference: transformers `GenerationMixin._assisted_decoding` (same limits) and LongSpec §3.
+    """
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"LongSpec decoding supports batch size 1, got {input_ids.shape[0]} prompts; call generate per prompt"
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty; pass at least one token (e.g. the BOS token)")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise ValueError("the prompt contains padding (attention_mask has zeros); pass the unpadded prompt")
+    if not model_kwargs.get("use_cache", True):
+        raise ValueError("LongSpec decoding needs the KV cache; remove use_cache=False")
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and (type(cache) is not DynamicCache or cache.get_seq_length() > 0):
+        raise ValueError(
+            f"LongSpec manages its own target cache; do not pass past_key_values (got {type(cache).__name__}) "
+            "or cache_implementation"
+        )
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        raise ValueError("output_attentions / output_hidden_states are not available with LongSpec decoding")
+    shared = draft._shared
+    if shared is None or shared.embed_tokens is not target.get_input_embeddings():
+        raise ValueError(
+            "the LongSpec draft is not attached to this target; load it with "
+            "LongSpecDraft.from_pretrained(path, target_model=target) or call draft.attach_target(target)"
+        )
+    t, d = next(target.parameters()), next(draft.parameters())
+    if (t.device, t.dtype) != (d.device, d.dtype):
+        raise ValueError(
+            f"draft is on {d.device}/{d.dtype} but the target is on {t.device}/{t.dtype}; "
+            f"call draft.to(device={str(t.device)!r}, dtype={t.dtype})"
+        )
+    limit = target.config.get_text_config().max_position_embeddings
+    if generation_config.max_length > limit:
+        raise ValueError(
+            f"prompt + max_new_tokens = {generation_config.max_length} tokens exceeds the target's context of {limit}; "
+            "shorten the prompt or lower max_new_tokens"
+        )
+
+
+__all__ = ["install", "uninstall", "tree_attention", "check_generate_call", "ATTENTION_NAME"]

@@ -1,0 +1,243 @@
+"""The LongSpec decode loop behind `target.generate(ids, assistant_model=draft)`.
+
+One step: the draft grows a tree from the last token → the target verifies the whole tree in one forward with
+hybrid tree attention → the deepest path the target agrees with is accepted, plus one bonus token → the
+accepted K/V are compacted in place into the committed cache → tokens are streamed and stopping criteria
+checked token by token, exactly as plain decoding would.
+
+Reference: LongSpec (arXiv 2502.17421) §3; transformers `GenerationMixin._assisted_decoding` (the method this
+replaces for LongSpec assistants) and `CandidateGenerator`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from . import compat
+from .cache import DraftRingCache, LongSpecCache
+from .configuration import validate_beam_widths
+from .tree import DraftTree, grow_tree
+from .verification import accept, choose_next_tokens, process_tree_logits, verify_tree
+
+
+@dataclass
+class LongSpecStats:
+    """Statistics of one LongSpec `generate` call (read them from `draft.last_generation_stats`).
+
+    Attributes:
+        prompt_tokens, new_tokens: tokens.
+        target_forwards: target forward passes, the prefill included.
+        accepted_lengths: tokens emitted by each verification step (accepted drafts + bonus), in order.
+        prefill_s, draft_s, verify_s, total_s: wall-clock seconds (CUDA synchronised at phase boundaries).
+        beam_widths: the tree shape used.
+        draft_cache_bytes: bytes held by the draft's own cache (ring buffer + tree), constant in the context.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    beam_widths: tuple[int, ...] = ()
+    draft_cache_bytes: int = 0
+
+    @property
+    def tau(self) -> float:
+        """τ: mean tokens emitted per verification forward (accepted drafts + bonus)."""
+        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first, per second of decoding (prefill excluded)."""
+        decode_s = self.total_s - self.prefill_s
+        return (self.new_tokens - 1) / decode_s if decode_s > 0 and self.new_tokens > 1 else 0.0
+
+    def acceptance_histogram(self) -> dict[int, int]:
+        """{tokens emitted per step: number of steps}."""
+        hist: dict[int, int] = {}
+        for n in self.accepted_lengths:
+            hist[n] = hist.get(n, 0) + 1
+        return dict(sorted(hist.items()))
+
+
+class _Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class LongSpecCandidateGenerator(CandidateGenerator):
+    """Draft side of LongSpec as a transformers `CandidateGenerator`: proposes a TREE of candidates.
+
+    It keeps the draft's ring-buffer cache in step with the sequence: before each tree it writes the
+    self-attention K/V of tokens committed since the last tree (at most `sliding_window` of them), so its memory
+    is constant in the context length.
+
+    Args:
+        draft: an attached `LongSpecDraft`.
+        target_cache: the target's `LongSpecCache` (its last layer feeds the draft's cross-attention).
+        beam_widths: tree shape, beam width per depth.
+
+    Reference: transformers `CandidateGenerator`; LongSpec §3.1, §3.3.
+    """
+
+    def __init__(self, draft, target_cache: LongSpecCache, beam_widths: tuple[int, ...]):
+        self.draft, self.target_cache, self.beam_widths = draft, target_cache, beam_widths
+        param = next(draft.parameters())
+        c = draft.config
+        self.ring = DraftRingCache(c.sliding_window, 1 + sum(beam_widths), c.num_key_value_heads, c.head_dim,
+                                   param.dtype, param.device)
+        self._ring_end = 0  # every position < _ring_end that fits the window is in the ring
+
+    def draft_tree(self, input_ids: torch.Tensor) -> DraftTree:
+        """Grow the tree rooted at the last token of `input_ids` (1, cur_len); see `tree.grow_tree`."""
+        root_position = input_ids.shape[1] - 1
+        if self.target_cache.get_seq_length() != root_position:
+            raise RuntimeError("the target cache must hold exactly the tokens before the root")  # internal invariant
+        start = max(self._ring_end, root_position - self.ring.window)
+        if start < root_position:
+            positions = torch.arange(start, root_position, device=input_ids.device)
+            keys, values = self.draft.self_kv(input_ids[:, start:root_position], positions[None])
+            self.ring.write_ring(keys, values, positions)
+        self._ring_end = root_position
+        last = self.target_cache.layers[-1]
+        return grow_tree(self.draft, self.ring, input_ids[0, -1:], root_position, last.keys, last.values,
+                         self.beam_widths)
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, None]:
+        """CandidateGenerator API: `input_ids` followed by the flattened tree's drafted tokens (not a chain!).
+
+        Returns: ((1, cur_len + tree_size - 1) int64, None). Use `draft_tree` for the tree structure.
+        """
+        tree = self.draft_tree(input_ids)
+        return torch.cat([input_ids, tree.tokens[None, 1:]], dim=1), None
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches: int) -> None:
+        """Nothing to adapt: the tree shape is fixed per call and the ring catches up in `draft_tree`."""
+
+
+def resolve_beam_widths(draft, generation_config: GenerationConfig, override=None) -> tuple[int, ...]:
+    """Tree shape for this call: `generate(longspec_beam_widths=...)` > `generation_config.longspec_beam_widths` >
+    the draft config's `beam_widths`. Raises ValueError for an invalid shape (see `validate_beam_widths`)."""
+    widths = override if override is not None else getattr(generation_config, "longspec_beam_widths", None)
+    widths = draft.config.beam_widths if widths is None else widths
+    widths = validate_beam_widths(widths, draft.config.vocab_size)
+    if len(widths) >= draft.config.sliding_window:
+        raise ValueError(f"a tree of depth {len(widths)} needs sliding_window > depth, got {draft.config.sliding_window}")
+    return widths
+
+
+def longspec_tree_decode(
+    target,
+    draft,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    streamer=None,
+    beam_widths=None,
+    **model_kwargs,
+) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """Lossless LongSpec tree decoding for batch size 1 (called by the patched `generate`).
+
+    Args:
+        target: the target `*ForCausalLM`. draft: an attached `LongSpecDraft`.
+        input_ids: (1, prompt_len) int64. logits_processor, stopping_criteria, generation_config: as prepared by
+            `generate`. streamer: a transformers streamer or None. beam_widths: per-call tree shape, optional.
+        **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
+    Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
+    Raises: ValueError for what cannot be honoured (see `compat.check_generate_call`).
+    Reference: LongSpec §3; transformers `GenerationMixin._assisted_decoding`.
+    """
+    compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs)
+    widths = resolve_beam_widths(draft, generation_config, beam_widths)
+    stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths)
+    draft.last_generation_stats = stats
+    timer = _Timer(input_ids.device)
+    start = timer.now()
+    cache = LongSpecCache(target.config.get_text_config().num_hidden_layers,
+                          generation_config.max_length + 1 + sum(widths))
+    logits = target(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+    logits = logits.float()
+    scores = logits_processor(input_ids, logits.clone()) if logits_processor else logits
+    new_tokens = choose_next_tokens(scores, generation_config.do_sample)
+    stats.target_forwards, stats.prefill_s = 1, timer.now() - start
+    output = _Output(input_ids, generation_config)
+    done = output.extend(new_tokens, logits, scores, stopping_criteria, streamer)
+    generator = LongSpecCandidateGenerator(draft, cache, widths)
+    stats.draft_cache_bytes = generator.ring.nbytes()
+    with compat.tree_attention(target):
+        while not done:
+            t0 = timer.now()
+            tree = generator.draft_tree(output.sequences)
+            t1 = timer.now()
+            logits = verify_tree(target, tree, cache)
+            scores = process_tree_logits(logits, tree, output.sequences, logits_processor)
+            accepted = accept(tree, choose_next_tokens(scores, generation_config.do_sample))
+            cache.commit_path(output.sequences.shape[1] - 1, accepted.path)
+            stats.draft_s, stats.verify_s = stats.draft_s + t1 - t0, stats.verify_s + timer.now() - t1
+            stats.target_forwards += 1
+            stats.accepted_lengths.append(accepted.new_tokens.numel())
+            done = output.extend(accepted.new_tokens, logits[accepted.path], scores[accepted.path],
+                                 stopping_criteria, streamer)
+    if streamer is not None:
+        streamer.end()
+    stats.new_tokens = output.sequences.shape[1] - stats.prompt_tokens
+    stats.total_s = timer.now() - start
+    return output.result(cache)
+
+
+class _Output:
+    """Emitted tokens (and optional scores/logits), appended one token at a time like plain decoding."""
+
+    def __init__(self, input_ids: torch.Tensor, generation_config: GenerationConfig):
+        self.sequences = input_ids
+        self.config = generation_config
+        keep = generation_config.return_dict_in_generate
+        self.scores = [] if keep and generation_config.output_scores else None
+        self.logits = [] if keep and generation_config.output_logits else None
+
+    def extend(self, tokens, logits, scores, stopping_criteria, streamer) -> bool:
+        """Append `tokens` (n,) one by one, stopping at the first token that meets a stopping criterion.
+
+        `logits`/`scores` (n, vocab): the raw / processed target scores that chose each token.
+        Returns: True when generation is finished.
+        """
+        for i in range(tokens.numel()):
+            self.sequences = torch.cat([self.sequences, tokens[i].view(1, 1)], dim=1)
+            if self.scores is not None:
+                self.scores.append(scores[i : i + 1])
+            if self.logits is not None:
+                self.logits.append(logits[i : i + 1])
+            if streamer is not None:
+                streamer.put(tokens[i].view(1).cpu())
+            row_scores = scores[i : i + 1]
+            if stopping_criteria(self.sequences, row_scores).any():
+                return True
+        return False
+
+    def result(self, cache: LongSpecCache):
+        if not self.config.return_dict_in_generate:
+            return self.sequences
+        return GenerateDecoderOnlyOutput(
+            sequences=self.sequences,
+            scores=tuple(self.scores) if self.scores is not None else None,
+            logits=tuple(self.logits) if self.logits is not None else None,
+            past_key_values=cache,
+        )
+
+
+__all__ = ["longspec_tree_decode", "LongSpecCandidateGenerator", "LongSpecStats", "resolve_beam_widths"]

@@ -1,0 +1,411 @@
+"""The LongSpec draft model (`LongSpecDraft`): one decoder block that reads the target's own KV cache.
+
+    x = target.embed_tokens(ids)                                   # shared, not owned
+    x = x + self_attn(norm1(x))        sliding-window causal self-attention (ring-buffer cache at inference)
+    x = x + cross_attn(norm2(x))       queries from the draft, keys/values = the TARGET's last-layer K/V
+    x = x + mlp(norm3(x))              gated MLP (transformers' LlamaMLP)
+    logits = target.lm_head(norm(x))                               # shared, not owned
+
+The embedding, LM head and rotary embedding are the target's: they are held outside the module tree (see
+`attach_target`), so `state_dict`, `save_pretrained`, optimizers and `.to()` only ever see draft weights.
+Departure from the authors' code: a final RMSNorm before the shared LM head (initialised from the target's
+final norm), which the LM head was trained to expect; the cross-attention has no dead k/v projections.
+
+Reference: LongSpec (arXiv 2502.17421) §3.1; transformers `modeling_llama.py` for the blocks we reuse.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, rotate_half
+from transformers.utils import ModelOutput
+
+from .configuration import LongSpecConfig, check_target_config
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x` (batch, heads, seq, head_dim) by `cos`/`sin` (batch, seq, head_dim) — the target's RoPE."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (x * cos) + (rotate_half(x) * sin)
+
+
+def _attend(q, k, v, mask=None, is_causal=False, scale=None) -> torch.Tensor:
+    """SDPA with GQA: q (b, H, q, D), k/v (b, Hkv, k, D), optional bool mask (q, k) → (b, H, q, D)."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+def sliding_window_causal_mask(length: int, window: int, device=None) -> torch.Tensor:
+    """Bool (length, length) mask: query i sees keys j with i - window < j <= i (True = attend).
+
+    Reference: transformers' sliding-window convention (the query itself counts towards the window).
+    """
+    i = torch.arange(length, device=device)
+    delta = i[:, None] - i[None, :]
+    return (delta >= 0) & (delta < window)
+
+
+class LongSpecSelfAttention(nn.Module):
+    """Sliding-window causal self-attention of the draft (GQA layout of the target)."""
+
+    def __init__(self, config: LongSpecConfig):
+        super().__init__()
+        h, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.head_dim, self.scaling = d, d**-0.5
+        self.q_proj = nn.Linear(config.hidden_size, h * d, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv * d, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv * d, bias=config.attention_bias)
+        self.o_proj = nn.Linear(h * d, config.hidden_size, bias=False)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], -1, self.head_dim).transpose(1, 2)
+
+    def project_kv(self, hidden, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """K (rotated) and V, each (batch, n_kv_heads, seq, head_dim), of normed `hidden` (batch, seq, hidden)."""
+        return _rope(self._heads(self.k_proj(hidden)), cos, sin), self._heads(self.v_proj(hidden))
+
+    def forward(self, hidden, cos, sin, past_keys=None, past_values=None, mask=None):
+        """Attend from `hidden` (batch, q, hidden) over [past; own] keys.
+
+        `mask` is bool (q, past + q); without past and mask, the causal sliding window is built here.
+        Returns (output (batch, q, hidden), own keys, own values) — the latter for the caller's cache.
+        """
+        q = _rope(self._heads(self.q_proj(hidden)), cos, sin)
+        k, v = self.project_kv(hidden, cos, sin)
+        keys = k if past_keys is None else torch.cat([past_keys, k], dim=2)
+        values = v if past_values is None else torch.cat([past_values, v], dim=2)
+        out = _attend(q, keys, values, mask=mask, scale=self.scaling)
+        return self.o_proj(out.transpose(1, 2).flatten(2)), k, v
+
+
+class LongSpecCrossAttention(nn.Module):
+    """Cross-attention from draft queries onto the target's last-layer K/V (already rotated by the target)."""
+
+    def __init__(self, config: LongSpecConfig):
+        super().__init__()
+        h, d = config.num_attention_heads, config.head_dim
+        self.head_dim, self.scaling = d, d**-0.5
+        self.q_proj = nn.Linear(config.hidden_size, h * d, bias=config.attention_bias)
+        self.o_proj = nn.Linear(h * d, config.hidden_size, bias=False)
+
+    def forward(self, hidden, cos, sin, target_keys, target_values, offset: int | None = None):
+        """Attend from `hidden` (batch, q, hidden) over target K/V (batch, n_kv_heads, kv, head_dim).
+
+        offset=None: every query sees every target key (inference: all queries sit after the committed cache).
+        offset=j (training, q == kv): query i sees target keys <= i - j, as at inference where the target has
+        not yet verified the last j tokens; queries i < j see none and output zeros (flash noisy training:
+        drop the last j keys and the first j queries, LongSpec §3.2 Alg. 2).
+        """
+        q = _rope(self.q_proj(hidden).view(*hidden.shape[:-1], -1, self.head_dim).transpose(1, 2), cos, sin)
+        if offset is None:
+            out = _attend(q, target_keys, target_values, scale=self.scaling)
+        else:
+            length = q.shape[2]
+            out = q.new_zeros(q.shape)
+            if offset < length:
+                out[:, :, offset:] = _attend(
+                    q[:, :, offset:], target_keys[:, :, : length - offset], target_values[:, :, : length - offset],
+                    is_causal=True, scale=self.scaling,
+                )
+        return self.o_proj(out.transpose(1, 2).flatten(2))
+
+
+class LongSpecBlock(GradientCheckpointingLayer):
+    """The draft's one decoder block: self-attention → cross-attention → gated MLP, pre-RMSNorm residuals."""
+
+    def __init__(self, config: LongSpecConfig):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = LongSpecSelfAttention(config)
+        self.post_self_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.cross_attn = LongSpecCrossAttention(config)
+        self.post_cross_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, hidden, cos, sin, target_keys, target_values, self_mask=None, past_keys=None,
+                past_values=None, cross_offset=None):
+        attn, k, v = self.self_attn(self.input_layernorm(hidden), cos, sin, past_keys, past_values, self_mask)
+        hidden = hidden + attn
+        hidden = hidden + self.cross_attn(
+            self.post_self_attention_layernorm(hidden), cos, sin, target_keys, target_values, cross_offset
+        )
+        hidden = hidden + self.mlp(self.post_cross_attention_layernorm(hidden))
+        return hidden, k, v
+
+
+@dataclass
+class LongSpecDraftOutput(ModelOutput):
+    """Output of `LongSpecDraft.forward`.
+
+    Attributes:
+        loss: () fp32, mean next-token cross-entropy over supervised positions (when `labels` are given).
+        logits: (batch, seq, vocab) fp32, only when `return_logits=True` (a 150k vocabulary at 16k tokens would
+            not fit otherwise).
+        hidden_states: (batch, seq, hidden), the normed draft states fed to the shared LM head.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
+
+
+@dataclass
+class _SharedTarget:
+    """The target modules the draft uses without owning them (held weakly: the target owns itself)."""
+
+    model: weakref.ref
+    embed_tokens: nn.Module
+    lm_head: nn.Module
+    rotary_emb: nn.Module
+
+
+class LongSpecPreTrainedModel(PreTrainedModel):
+    """Base class: config class, capability flags and weight init of LongSpec drafts."""
+
+    config_class = LongSpecConfig
+    config: LongSpecConfig
+    base_model_prefix = "longspec"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["LongSpecBlock"]
+    _supports_sdpa = True
+    accepts_loss_kwargs = False  # the Trainer must not pass num_items_in_batch into forward
+
+
+class LongSpecDraft(LongSpecPreTrainedModel):
+    """One-layer LongSpec draft whose memory does not grow with the context.
+
+    Build a new one for a target with `LongSpecDraft.from_target(target)`, load a trained one with
+    `LongSpecDraft.from_pretrained(path, target_model=target)`, then pass it as `assistant_model=` to the
+    target's `generate` (after `import transformers_longspec`).
+
+    Reference: LongSpec (arXiv 2502.17421) §3.1; transformers `PreTrainedModel`.
+    """
+
+    def __init__(self, config: LongSpecConfig):
+        super().__init__(config)
+        self.block = LongSpecBlock(config)
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.__dict__["_shared"] = None
+        self.post_init()
+
+    # ------------------------------------------------------------------ target attachment
+    @classmethod
+    def from_target(cls, target_model, init_from_target: bool = True, **overrides) -> LongSpecDraft:
+        """Build a new (untrained) draft matched to `target_model` and attach it.
+
+        Args:
+            target_model: a Llama-, Qwen2- or Mistral-architecture `*ForCausalLM` (full attention).
+            init_from_target: copy the target's last decoder layer into the draft's attention/MLP weights and the
+                target's final norm into the draft's (a warm start for training); False = random init.
+            **overrides: `LongSpecConfig` fields, e.g. `sliding_window=256`, `beam_widths=[4, 8, 8]`.
+        Returns: the draft, on the target's device and dtype.
+        Raises: ValueError for an unsupported target (see `LongSpecConfig.from_target_config`).
+        Reference: LongSpec §3.1.
+        """
+        config = LongSpecConfig.from_target_config(target_model.config, **overrides)
+        draft = cls(config)
+        if init_from_target:
+            draft._copy_from_target(target_model)
+        param = next(target_model.parameters())
+        draft.to(device=param.device, dtype=param.dtype)
+        return draft.attach_target(target_model)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, target_model=None, **kwargs):
+        """`PreTrainedModel.from_pretrained`, then `attach_target(target_model)` when one is given.
+
+        The draft is moved to the target's device and dtype unless `dtype`/`device_map` are passed.
+        Raises: ValueError if the saved draft does not fit `target_model` (see `attach_target`).
+        Reference: transformers `PreTrainedModel.from_pretrained`.
+        """
+        draft = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        if target_model is not None:
+            if "dtype" not in kwargs and "torch_dtype" not in kwargs and "device_map" not in kwargs:
+                param = next(target_model.parameters())
+                draft.to(device=param.device, dtype=param.dtype)
+            draft.attach_target(target_model)
+        return draft
+
+    def attach_target(self, target_model) -> LongSpecDraft:
+        """Use `target_model`'s embedding, LM head and rotary embedding (shared, never copied or saved).
+
+        Raises: ValueError naming the mismatch if the target is unsupported or its vocabulary, hidden size, heads
+            or head_dim differ from this draft's config (a draft trained for another target).
+        Reference: LongSpec §3.1 (shared embedding and LM head).
+        """
+        text = target_model.config.get_text_config()
+        check_target_config(text)
+        c = self.config
+        want = {
+            "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
+        }
+        have = {
+            "vocab_size": text.vocab_size, "hidden_size": text.hidden_size,
+            "num_attention_heads": text.num_attention_heads,
+            "num_key_value_heads": text.num_key_value_heads or text.num_attention_heads,
+            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+        }
+        bad = {k: (want[k], have[k]) for k in want if want[k] != have[k]}
+        if bad:
+            detail = ", ".join(f"{k}: draft {d} vs target {t}" for k, (d, t) in bad.items())
+            raise ValueError(
+                f"this draft was built for another target ({detail}); build one for this target with "
+                "LongSpecDraft.from_target(target) or load the draft trained for it"
+            )
+        decoder = target_model.get_decoder()
+        self.__dict__["_shared"] = _SharedTarget(
+            model=weakref.ref(target_model),
+            embed_tokens=target_model.get_input_embeddings(),
+            lm_head=target_model.get_output_embeddings(),
+            rotary_emb=decoder.rotary_emb,
+        )
+        return self
+
+    @property
+    def target_model(self):
+        """The attached target model, or None."""
+        return None if self._shared is None else self._shared.model()
+
+    def _require_target(self) -> _SharedTarget:
+        if self._shared is None or self._shared.model() is None:
+            raise ValueError(
+                "this draft is not attached to a target; load it with "
+                "LongSpecDraft.from_pretrained(path, target_model=target) or call draft.attach_target(target)"
+            )
+        return self._shared
+
+    @torch.no_grad()
+    def _copy_from_target(self, target_model) -> None:
+        last = target_model.get_decoder().layers[-1]
+        pairs = [
+            (self.block.self_attn.q_proj, last.self_attn.q_proj), (self.block.self_attn.k_proj, last.self_attn.k_proj),
+            (self.block.self_attn.v_proj, last.self_attn.v_proj), (self.block.self_attn.o_proj, last.self_attn.o_proj),
+            (self.block.cross_attn.q_proj, last.self_attn.q_proj), (self.block.cross_attn.o_proj, last.self_attn.o_proj),
+            (self.block.mlp.gate_proj, last.mlp.gate_proj), (self.block.mlp.up_proj, last.mlp.up_proj),
+            (self.block.mlp.down_proj, last.mlp.down_proj),
+            (self.block.input_layernorm, last.input_layernorm),
+            (self.block.post_self_attention_layernorm, last.input_layernorm),
+            (self.block.post_cross_attention_layernorm, last.post_attention_layernorm),
+            (self.norm, target_model.get_decoder().norm),
+        ]
+        for mine, theirs in pairs:
+            for name, p in mine.named_parameters(recurse=False):
+                src = getattr(theirs, name, None)
+                if src is not None and src.shape == p.shape:
+                    p.copy_(src.to(p.dtype))
+
+    # ------------------------------------------------------------------ compute
+    def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor):
+        """The target's RoPE (cos, sin), each (batch, seq, head_dim), at absolute `position_ids` (batch, seq)."""
+        return self._require_target().rotary_emb(hidden, position_ids)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The target's token embedding of `input_ids` (batch, seq) int64 → (batch, seq, hidden)."""
+        return self._require_target().embed_tokens(input_ids)
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Shared LM head on normed draft states (batch, seq, hidden) → fp32 logits (batch, seq, vocab)."""
+        return self._require_target().lm_head(hidden).float()
+
+    def self_kv(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
+        """Self-attention K/V of tokens at positions, each (1, n_kv_heads, seq, head_dim).
+
+        A one-layer draft's K/V depend only on (token, position), so committed tokens need no attention at all.
+        """
+        hidden = self.embed(input_ids)
+        cos, sin = self.rotary(hidden, position_ids)
+        return self.block.self_attn.project_kv(self.block.input_layernorm(hidden), cos, sin)
+
+    def step(self, input_ids, position_ids, past_keys, past_values, self_mask, target_keys, target_values):
+        """One inference step of the draft over query tokens (used to grow the tree).
+
+        Args:
+            input_ids, position_ids: (1, q) int64 — tokens and their absolute positions.
+            past_keys, past_values: (1, n_kv_heads, p, head_dim) — ring buffer + earlier tree nodes.
+            self_mask: (q, p + q) bool — which of [past; own] keys each query sees.
+            target_keys, target_values: (1, n_kv_heads, committed, head_dim) — the target's last-layer cache.
+        Returns: (log-probs (1, q, vocab) fp32, own keys, own values (1, n_kv_heads, q, head_dim)).
+        """
+        hidden = self.embed(input_ids)
+        cos, sin = self.rotary(hidden, position_ids)
+        hidden, k, v = self.block(hidden, cos, sin, target_keys, target_values, self_mask, past_keys, past_values)
+        return torch.log_softmax(self.lm_logits(self.norm(hidden)), dim=-1), k, v
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        target_keys: torch.Tensor,
+        target_values: torch.Tensor,
+        position_ids: torch.LongTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        noise_offset: int = 1,
+        return_logits: bool = False,
+        loss_chunk_size: int = 2048,
+    ) -> LongSpecDraftOutput:
+        """Training forward over whole sequences (teacher forcing on the target's KV cache).
+
+        Args:
+            input_ids: (batch, seq) int64.
+            target_keys, target_values: (batch, n_kv_heads, seq, head_dim) — the frozen target's last-layer K/V for
+                the same tokens at the same `position_ids` (post-RoPE).
+            position_ids: (batch, seq) int64, default `arange(seq)`; anchor-offset indices go here.
+            labels: (batch, seq) int64 aligned with `input_ids` (shifted inside, -100 = ignored), optional.
+            noise_offset: j >= 1: position i sees target K/V <= i - j (flash noisy training, LongSpec Alg. 2);
+                the first j positions get no loss.
+            return_logits: also return the full fp32 logits (memory: batch * seq * vocab * 4 bytes).
+            loss_chunk_size: positions per LM-head chunk in the loss (bounds the logits memory).
+        Returns: `LongSpecDraftOutput`.
+        Raises: ValueError if shapes disagree or noise_offset < 1.
+        Reference: LongSpec §3.2 (training with the target's KV cache, Alg. 1–2).
+        """
+        batch, seq = input_ids.shape
+        if target_keys.shape[0] != batch or target_keys.shape[2] != seq or target_values.shape != target_keys.shape:
+            raise ValueError(
+                f"target_keys/values must be (batch={batch}, n_kv_heads, seq={seq}, head_dim), got "
+                f"{tuple(target_keys.shape)} / {tuple(target_values.shape)}"
+            )
+        if noise_offset < 1:
+            raise ValueError(f"noise_offset must be >= 1 (1 = no noise), got {noise_offset}")
+        if position_ids is None:
+            position_ids = torch.arange(seq, device=input_ids.device).expand(batch, seq)
+        hidden = self.embed(input_ids)
+        cos, sin = self.rotary(hidden, position_ids)
+        mask = sliding_window_causal_mask(seq, self.config.sliding_window, input_ids.device)
+        hidden, _, _ = self.block(hidden, cos, sin, target_keys, target_values, mask, cross_offset=noise_offset)
+        hidden = self.norm(hidden)
+        loss = None
+        if labels is not None:
+            targets = labels[:, 1:].clone()  # position t predicts labels[t + 1]
+            targets[:, :noise_offset] = -100  # positions < j see no target K/V (dropped queries)
+            loss = self._chunked_loss(hidden[:, :-1], targets, loss_chunk_size)
+        logits = self.lm_logits(hidden) if return_logits else None
+        return LongSpecDraftOutput(loss=loss, logits=logits, hidden_states=hidden)
+
+    def _chunked_loss(self, hidden, labels, chunk: int) -> torch.Tensor:
+        """Mean CE over labels != -100, computing the LM head `chunk` positions at a time."""
+        total = hidden.new_zeros((), dtype=torch.float32)
+        count = (labels != -100).sum()
+        for start in range(0, hidden.shape[1], chunk):
+            part = labels[:, start : start + chunk]
+            if (part != -100).any():
+                logits = self.lm_logits(hidden[:, start : start + chunk])
+                total = total + F.cross_entropy(logits.flatten(0, 1), part.flatten(), reduction="sum")
+        return total / count.clamp(min=1)
+
+    # ------------------------------------------------------------------ copies must not drag the target along
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_shared"] = None
+        return state
+
+
+__all__ = ["LongSpecDraft", "LongSpecPreTrainedModel", "LongSpecDraftOutput", "sliding_window_causal_mask"]

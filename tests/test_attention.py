@@ -1,0 +1,47 @@
+"""Hybrid tree attention equals plain masked attention over the concatenated keys."""
+
+import pytest
+import torch
+
+from transformers_longspec.attention import hybrid_tree_attention
+
+
+def _reference(q, k, v, tree_mask, scale):
+    committed = k.shape[2] - q.shape[2]
+    full = torch.cat([torch.ones(q.shape[2], committed, dtype=torch.bool), tree_mask], dim=1)
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1).double(), v.repeat_interleave(groups, 1).double()
+    scores = (q.double() @ k.transpose(-1, -2)) * scale
+    return torch.softmax(scores.masked_fill(~full, float("-inf")), dim=-1) @ v
+
+
+def _random_tree_mask(size: int, g: torch.Generator) -> torch.Tensor:
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, size)]
+    mask = torch.eye(size, dtype=torch.bool)
+    for i in range(1, size):
+        mask[i] |= mask[parents[i]]
+    return mask
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 16), (4, 2, 8), (12, 2, 64), (9, 3, 64)])
+@pytest.mark.parametrize("committed,tree_size", [(0, 7), (1, 1), (37, 13), (700, 69)])
+def test_hybrid_equals_masked_attention(heads, kv_heads, head_dim, committed, tree_size):
+    g = torch.Generator().manual_seed(committed * 31 + tree_size)
+    q = torch.randn(1, heads, tree_size, head_dim, generator=g)
+    k = torch.randn(1, kv_heads, committed + tree_size, head_dim, generator=g)
+    v = torch.randn(1, kv_heads, committed + tree_size, head_dim, generator=g)
+    mask = _random_tree_mask(tree_size, g)
+    scale = head_dim**-0.5
+    out = hybrid_tree_attention(q, k, v, mask, scale)
+    expected = _reference(q, k, v, mask, scale)
+    err = (out.double() - expected).abs().max().item()
+    print(f"max abs error {err:.2e} (H={heads}, Hkv={kv_heads}, D={head_dim}, C={committed}, T={tree_size})")
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert err < 1e-5
+
+
+def test_hybrid_rejects_short_keys():
+    q = torch.randn(1, 2, 5, 8)
+    k = torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="shorter than the tree"):
+        hybrid_tree_attention(q, k, k, torch.eye(5, dtype=torch.bool), 0.3)

@@ -1,0 +1,132 @@
+"""Exactness first: generate with a LongSpec draft returns the same token ids as plain greedy generate."""
+
+import pytest
+import torch
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+from transformers_longspec import LongSpecDraft
+from transformers_longspec import generation as generation_module
+from transformers_longspec.tree import DraftTree, tree_layout
+
+from tiny_models import make_target
+
+SHAPES = [(4, 16, 16, 16, 16), (1, 1, 1, 1), (), (3, 2), (2, 5, 1)]
+
+
+def _prompt(seed: int, length: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 99, (1, length), generator=g)
+
+
+def _both(target, draft, ids, longspec_kwargs=None, **kwargs):
+    plain = target.generate(ids, do_sample=False, **kwargs)
+    spec = target.generate(ids, assistant_model=draft, do_sample=False, **(longspec_kwargs or {}), **kwargs)
+    return plain, spec
+
+
+@pytest.mark.parametrize("widths", SHAPES, ids=str)
+def test_untrained_draft_matches_greedy(family, widths):
+    target = make_target(family)
+    draft = LongSpecDraft.from_target(target, beam_widths=list(widths) or [1], init_from_target=False)
+    for seed, length in [(0, 5), (1, 40), (2, 300)]:
+        ids = _prompt(seed, length)
+        plain, spec = _both(target, draft, ids, {"longspec_beam_widths": list(widths)}, max_new_tokens=24)
+        assert torch.equal(plain, spec), (family, widths, seed)
+    stats = draft.last_generation_stats
+    assert stats.beam_widths == widths and stats.new_tokens == 24
+    # the prefill emits one token, each verification step at least one (the last may be cut by max_new_tokens)
+    assert sum(stats.accepted_lengths[:-1]) + 1 < 24 <= sum(stats.accepted_lengths) + 1
+
+
+class _OracleTree:
+    """Puts the true greedy continuation on the last branch of every depth: the accept-all path."""
+
+    def __init__(self, continuation: torch.Tensor, widths):
+        self.continuation, self.widths = continuation, widths
+
+    def __call__(self, draft, ring, root, root_position, target_keys, target_values, beam_widths):
+        depths, ranges = tree_layout(beam_widths)
+        size = depths.numel()
+        g = torch.Generator().manual_seed(root_position)
+        tokens = torch.randint(3, 99, (size,), generator=g)
+        parents = torch.full((size,), -1, dtype=torch.long)
+        ancestors = torch.eye(size, dtype=torch.bool)
+        tokens[0] = root[0]
+        for d in range(1, len(beam_widths) + 1):
+            (ps, pe), (s, e) = ranges[d - 1], ranges[d]
+            parents[s:e] = torch.randint(ps, pe, (e - s,), generator=g)
+            parents[e - 1] = pe - 1  # last node of each depth chains from the previous depth's last node
+            if root_position + d < self.continuation.numel():
+                tokens[e - 1] = self.continuation[root_position + d]
+            # children of one parent must carry distinct tokens
+            for i in range(s, e - 1):
+                while any(tokens[i] == tokens[j] and parents[i] == parents[j] for j in range(s, e) if j != i):
+                    tokens[i] = (tokens[i] + 1) % 99
+            ancestors[s:e] |= ancestors[parents[s:e]]
+        return DraftTree(tokens, parents, depths, ancestors, torch.zeros(size))
+
+
+@pytest.mark.parametrize("widths", [(4, 16, 16, 16, 16), (1, 1, 1), (3, 2)], ids=str)
+def test_oracle_draft_accepts_deep_paths_and_matches_greedy(family, widths, monkeypatch):
+    target = make_target(family)
+    draft = LongSpecDraft.from_target(target, beam_widths=list(widths))
+    ids = _prompt(7, 50)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=40)
+    oracle = _OracleTree(plain[0], widths)
+    monkeypatch.setattr(generation_module, "grow_tree", oracle)
+    spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=40)
+    assert torch.equal(plain, spec)
+    lengths = draft.last_generation_stats.accepted_lengths
+    assert max(lengths) == len(widths) + 1  # full-depth acceptance happened
+    assert draft.last_generation_stats.tau > 2
+
+
+def test_max_new_tokens_one_and_eos(family):
+    target = make_target(family, seed=3)
+    draft = LongSpecDraft.from_target(target)
+    ids = _prompt(11, 30)
+    plain, spec = _both(target, draft, ids, max_new_tokens=1)
+    assert torch.equal(plain, spec) and spec.shape[1] == 31
+    free = target.generate(ids, do_sample=False, max_new_tokens=30)
+    eos = int(free[0, 30 + 12])  # a token greedy decoding emits: make it the EOS
+    plain, spec = _both(target, draft, ids, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(plain, spec)
+    assert spec.shape[1] < free.shape[1] and int(spec[0, -1]) == eos
+
+
+def test_custom_stopping_criteria_and_scores(family):
+    target = make_target(family, seed=5)
+    draft = LongSpecDraft.from_target(target)
+    ids = _prompt(13, 20)
+
+    class StopAfterSeven(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 27, dtype=torch.bool)
+
+    kwargs = dict(max_new_tokens=30, stopping_criteria=StoppingCriteriaList([StopAfterSeven()]),
+                  return_dict_in_generate=True, output_scores=True, output_logits=True)
+    plain, spec = _both(target, draft, ids, **kwargs)
+    assert torch.equal(plain.sequences, spec.sequences) and spec.sequences.shape[1] == 27
+    assert len(spec.scores) == len(plain.scores) == 7
+    for a, b in zip(plain.scores, spec.scores):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_logits_processors_per_node(family):
+    target = make_target(family, seed=9)
+    draft = LongSpecDraft.from_target(target, beam_widths=[3, 3, 3])
+    ids = _prompt(17, 25)
+    config = GenerationConfig(max_new_tokens=30, do_sample=False, repetition_penalty=1.7, no_repeat_ngram_size=2,
+                              min_new_tokens=10, eos_token_id=2, pad_token_id=0)
+    plain, spec = _both(target, draft, ids, generation_config=config)
+    assert torch.equal(plain, spec)
+
+
+def test_generation_config_tree_shape(family):
+    target = make_target(family)
+    draft = LongSpecDraft.from_target(target)
+    ids = _prompt(3, 12)
+    config = GenerationConfig(max_new_tokens=8, do_sample=False, longspec_beam_widths=[2, 2])
+    out = target.generate(ids, assistant_model=draft, generation_config=config)
+    assert torch.equal(out, target.generate(ids, generation_config=config))
+    assert draft.last_generation_stats.beam_widths == (2, 2)

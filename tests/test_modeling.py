@@ -1,0 +1,71 @@
+"""The draft model: construction from a target, shared weights, save/load, constant-memory cache."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModel, GPT2Config, GPT2LMHeadModel
+
+from transformers_longspec import LongSpecConfig, LongSpecDraft
+
+from tiny_models import make_target
+
+
+def test_draft_owns_no_target_weights(family):
+    target = make_target(family)
+    draft = LongSpecDraft.from_target(target)
+    names = [n for n, _ in draft.named_parameters()]
+    assert names and not any("embed" in n or "lm_head" in n for n in names)
+    target_ids = {id(p) for p in target.parameters()}
+    assert not any(id(p) in target_ids for p in draft.parameters())
+    assert draft.embed(torch.tensor([[5]])).data_ptr() != 0  # uses the target's embedding through the attachment
+    assert draft.config.vocab_size == target.config.vocab_size
+    assert (draft.config.eos_token_id, draft.config.bos_token_id) == (target.config.eos_token_id, 1)
+
+
+def test_save_load_round_trip(tmp_path, family):
+    target = make_target(family)
+    draft = LongSpecDraft.from_target(target, init_from_target=False, beam_widths=[3, 3])
+    draft.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    own = dict(draft.state_dict())
+    assert set(tensors) == set(own)
+    vocab = target.config.vocab_size
+    assert not any(vocab in t.shape for t in tensors.values())  # no embedding / LM head copy
+    reloaded = LongSpecDraft.from_pretrained(tmp_path, target_model=target)
+    for name, tensor in own.items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+    ids = torch.randint(3, 99, (1, 30), generator=torch.Generator().manual_seed(0))
+    a = target.generate(ids, assistant_model=draft, max_new_tokens=12, do_sample=False)
+    b = target.generate(ids, assistant_model=reloaded, max_new_tokens=12, do_sample=False)
+    assert torch.equal(a, b)
+    assert draft.last_generation_stats.accepted_lengths == reloaded.last_generation_stats.accepted_lengths
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), LongSpecConfig)
+    assert isinstance(AutoModel.from_pretrained(tmp_path), LongSpecDraft)
+
+
+def test_unsupported_targets_are_refused():
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=99))
+    with pytest.raises(ValueError, match="support targets of type"):
+        LongSpecDraft.from_target(gpt2)
+    with pytest.raises(ValueError, match="sliding_window"):
+        LongSpecDraft.from_target(make_target("mistral", sliding_window=16))
+
+
+def test_draft_for_another_target_is_refused():
+    draft = LongSpecDraft.from_target(make_target("llama"))
+    other = make_target("llama", hidden_size=48, num_attention_heads=4)
+    with pytest.raises(ValueError, match="hidden_size: draft 32 vs target 48"):
+        draft.attach_target(other)
+    with pytest.raises(ValueError, match="fixed by the target"):
+        LongSpecDraft.from_target(make_target("llama"), vocab_size=120)
+
+
+def test_draft_cache_does_not_grow_with_context():
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, sliding_window=64)
+    sizes = []
+    for context in (2048, 16384):
+        ids = torch.randint(3, 99, (1, context), generator=torch.Generator().manual_seed(context))
+        target.generate(ids, assistant_model=draft, max_new_tokens=3, do_sample=False)
+        sizes.append(draft.last_generation_stats.draft_cache_bytes)
+    assert sizes[0] == sizes[1] > 0
