@@ -1,6 +1,7 @@
 """Input checks shared by the attention launchers and their `*_ref` twins.
 
-Every check raises `ValueError` naming the bad value and the fix; none uses `assert`, which `python -O` removes.
+Every check raises `ValueError` (`TypeError` for a non-tensor) naming the bad value and the fix; none uses `assert`,
+which `python -O` removes.
 """
 
 import math
@@ -10,7 +11,9 @@ import torch
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caller: str) -> tuple[int, int, int, int, int, int]:
+def check_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caller: str
+) -> tuple[int, int, int, int, int, int]:
     """Check the q/k/v layout every kernel in this package uses and return its sizes.
 
     Args:
@@ -19,12 +22,14 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caller: str)
         v: same shape, dtype and device as `k`.
         caller: public function name, used in the error messages.
     Returns: (batch, n_heads, n_kv_heads, q_len, kv_len, head_dim), all ints.
-    Raises: ValueError if a tensor is missing, has the wrong rank, dtype or device, or the head counts do not divide.
+    Raises:
+        TypeError: if q, k or v is not a tensor.
+        ValueError: if a tensor has the wrong rank, dtype or device, or the head counts do not divide.
     Reference: GQA as in transformers `repeat_kv` (query head h reads kv head h // (n_heads // n_kv_heads)).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{caller}: `{name}` must be a torch.Tensor, got {type(t).__name__}.")
+            raise TypeError(f"{caller}: `{name}` must be a torch.Tensor, got {type(t).__name__}.")
         if t.dim() != 4:
             raise ValueError(
                 f"{caller}: `{name}` must be 4-D (batch, heads, seq_len, head_dim), got shape {tuple(t.shape)}; "
@@ -49,7 +54,8 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caller: str)
         )
     if n_kv_heads == 0 or n_heads % n_kv_heads != 0:
         raise ValueError(
-            f"{caller}: n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}) for grouped-query attention."
+            f"{caller}: n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}) "
+            "for grouped-query attention."
         )
     return batch, n_heads, n_kv_heads, q_len, kv_len, head_dim
 
@@ -69,10 +75,12 @@ def resolve_scale(scale: float | None, head_dim: int, *, caller: str) -> float:
 def check_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, device: torch.device, *, caller: str) -> None:
     """Check a boolean attention mask of shape (q_len, kv_len) or (batch or 1, q_len, kv_len).
 
-    Raises: ValueError if the mask is not a bool tensor of a broadcastable shape on `device`.
+    Raises:
+        TypeError: if the mask is not a tensor.
+        ValueError: if it is not bool, has a shape that does not broadcast, or is on another device.
     """
     if not isinstance(mask, torch.Tensor):
-        raise ValueError(f"{caller}: `mask` must be a bool torch.Tensor, got {type(mask).__name__}.")
+        raise TypeError(f"{caller}: `mask` must be a bool torch.Tensor, got {type(mask).__name__}.")
     if mask.dtype != torch.bool:
         raise ValueError(
             f"{caller}: `mask` must be torch.bool (True = may attend), got {mask.dtype}; "

@@ -22,7 +22,8 @@ Implementation: plain torch elementwise ops — this IS the implementation, not 
     so a hand-written Triton kernel would add code without a measurable gain at tree sizes.
 `merge_attention_states_ref` writes the same math in the max-shifted form (m = max(lse_a, lse_b)) used by
     FlashAttention's split-KV combine; the tests check the two agree, and agree with attention over [A; B].
-Tested: CPU (torch 2.13) in fp16/bf16/fp32 with random and -inf LSEs; NVIDIA H200 (torch 2.11).
+Tested: CPU (torch 2.13) and an NVIDIA H200 host (torch 2.11; the merge tests run on CPU tensors there) in
+    fp16/bf16/fp32 with random and -inf LSEs, and end to end after `prefix_attn` + `fused_mask_attn`.
 """
 
 import torch
@@ -33,11 +34,11 @@ _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def _check_states(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor, *, caller: str
 ) -> None:
-    """Raise ValueError unless both (out, lse) pairs have matching shapes, fp32 LSEs and one device."""
+    """Raise TypeError for a non-tensor, ValueError unless both pairs have matching shapes, fp32 LSEs, one device."""
     tensors = {"out_a": out_a, "lse_a": lse_a, "out_b": out_b, "lse_b": lse_b}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{caller}: `{name}` must be a torch.Tensor, got {type(t).__name__}.")
+            raise TypeError(f"{caller}: `{name}` must be a torch.Tensor, got {type(t).__name__}.")
     if out_a.dim() != 4 or out_a.shape != out_b.shape:
         raise ValueError(
             f"{caller}: out_a and out_b must both be (batch, n_heads, q_len, head_dim), "
@@ -71,7 +72,9 @@ def merge_attention_states(
         out_b, lse_b: same shapes for a disjoint key set B (out_b's dtype may differ from out_a's).
     Returns: (out, lse). out: (batch, n_heads, q_len, head_dim), dtype of out_a. lse: (batch, n_heads, q_len),
         fp32, = logaddexp(lse_a, lse_b). Rows where both LSEs are -inf give out = 0 and lse = -inf.
-    Raises: ValueError if shapes differ, an LSE is not fp32, or the tensors are on different devices.
+    Raises:
+        TypeError: if an argument is not a tensor.
+        ValueError: if shapes differ, an LSE is not fp32, or the tensors are on different devices.
     Reference: LongSpec §3 (hybrid tree attention); FlashAttention-2 split-KV combine; FlashInfer `merge_state`.
     """
     _check_states(out_a, lse_a, out_b, lse_b, caller="merge_attention_states")
@@ -92,7 +95,7 @@ def merge_attention_states_ref(
     With m = max(lse_a, lse_b), w_a = exp(lse_a - m), w_b = exp(lse_b - m):
     out = (out_a·w_a + out_b·w_b) / (w_a + w_b) and lse = m + log(w_a + w_b).
 
-    Raises: ValueError as `merge_attention_states`.
+    Raises: TypeError / ValueError as `merge_attention_states`.
     Reference: LongSpec §3; FlashAttention-2 split-KV combine.
     """
     _check_states(out_a, lse_a, out_b, lse_b, caller="merge_attention_states_ref")

@@ -24,7 +24,9 @@ Empty prefix: kv_len == 0 gives out = 0 and lse = -inf, which `merge_attention_s
 Departures from `prefix_attn_ref`: the flash backends use blockwise online softmax with fp16/bf16 probabilities
     before p·v; the GPU tests bound the error per STYLE B10.
 Tested: backend 3 and the GQA packing on CPU (torch 2.13); backend 2 on an NVIDIA H200 (torch 2.11), fp16/bf16,
-    head dims 64-256, GQA 1-8, kv_len up to 4096, q_len up to 512, eager and torch.compile.
+    head dims 64/128/256, GQA 1/4/7/8, q_len 1-512, kv_len 333-4096, eager and torch.compile(fullgraph=True).
+    Speed (H200, bf16, 32/8 heads, head_dim 128, CUDA graphs): q_len 16 over 4096 keys 18.6 µs; 512 over 4096
+    115 µs.
 """
 
 import importlib.util
@@ -104,7 +106,7 @@ def prefix_attn(
         scale: softmax scale on q·k; None means 1 / sqrt(head_dim).
     Returns: (out, lse). out: (batch, n_heads, q_len, head_dim), dtype of q (possibly a non-contiguous view).
         lse: (batch, n_heads, q_len), fp32, natural log of Σ exp(q·k·scale); -inf for every row if kv_len == 0.
-    Raises: ValueError on wrong shapes, dtypes or devices.
+    Raises: TypeError for a non-tensor argument; ValueError on wrong shapes, dtypes, devices or a bad scale.
     Reference: LongSpec §3 (prefix part of hybrid tree attention); FlashAttention-2 `softmax_lse`.
     """
     caller = "prefix_attn"
@@ -131,7 +133,7 @@ def prefix_attn_ref(
             low-precision implementation is allowed (STYLE B10).
     Returns: (out, lse) as in `prefix_attn`: out (batch, n_heads, q_len, head_dim) in q's dtype,
         lse (batch, n_heads, q_len) fp32.
-    Raises: ValueError on wrong shapes, dtypes or devices.
+    Raises: TypeError for a non-tensor argument; ValueError on wrong shapes, dtypes, devices or a bad scale.
     Reference: LongSpec §3; softmax attention (Vaswani et al., 2017).
     """
     caller = "prefix_attn_ref"

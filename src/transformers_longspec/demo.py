@@ -43,13 +43,40 @@ def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device 
 
     folder = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()  # silence the de-quantisation progress chatter
+    bars = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # silence the de-quantisation progress bars
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=dtype).to(device)
     finally:
-        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
     return model.eval(), tokenizer
 
 
-__all__ = ["load_smollm2", "smollm2_dir", "DEFAULT_DRAFT_DIR", "SMOLLM2_GGUF"]
+def eval_prompt(row: dict, tokenizer, max_context_tokens: int | None = None) -> torch.Tensor:
+    """Token ids (1, len) int64 for one LongBench-style row, as the evaluation README prescribes.
+
+    Code completion rows (`dataset` containing "code"): the raw `context`, keeping its LAST tokens (the completion
+    point). Other rows: `context + "\n\n" + input` through the tokenizer's chat template with the generation
+    prompt, keeping the FIRST `max_context_tokens` tokens of the context.
+
+    Args:
+        row: dict with `context`, `input`, `dataset`.
+        tokenizer: the target's tokenizer.
+        max_context_tokens: truncate the context to this many tokens (None = whole).
+    Raises: ValueError if the row has no `context`.
+    """
+    if not row.get("context"):
+        raise ValueError(f"row {row.get('_id')!r} has no 'context' field; expected LongBench-style jsonl rows")
+    context = tokenizer(row["context"], add_special_tokens=False).input_ids
+    if "code" in row.get("dataset", ""):
+        ids = context[-max_context_tokens:] if max_context_tokens else context
+        return torch.tensor([ids])
+    context = context[:max_context_tokens] if max_context_tokens else context
+    text = tokenizer.decode(context) + "\n\n" + row.get("input", "")
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        return_dict=True)["input_ids"]
+    return torch.tensor([ids])
+
+
+__all__ = ["load_smollm2", "smollm2_dir", "eval_prompt", "DEFAULT_DRAFT_DIR", "SMOLLM2_GGUF"]

@@ -11,7 +11,6 @@ import os
 
 import pytest
 import torch
-
 from transformers_longspec.kernels import triton_available
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

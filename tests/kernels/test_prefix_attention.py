@@ -4,7 +4,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_helpers import assert_within_ref_bound, max_abs_err, needs_gpu, random_qkv
-
 from transformers_longspec.kernels import prefix_attn, prefix_attn_ref
 from transformers_longspec.kernels.prefix_attention import (
     _HAS_FLASH_ATTN,

@@ -20,7 +20,6 @@ from kernel_helpers import (
     random_qkv,
     tree_ancestor_mask,
 )
-
 from transformers_longspec.kernels import triton_available
 from transformers_longspec.kernels.tree_attention import fused_mask_attn, fused_mask_attn_ref
 

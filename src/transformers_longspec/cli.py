@@ -1,0 +1,176 @@
+"""`longspec` command line: `demo`, `generate`, `train`.
+
+    longspec demo                         # SmolLM2-135M-Instruct + our trained draft on a real 1835 address
+    longspec generate --target smollm2 --prompt "Write a haiku about GPUs." --chat
+    longspec train --help
+
+User mistakes (bad paths, bad tree shapes, missing optional packages) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ASSET_DOCUMENT = Path(__file__).parent / "assets" / "sotu-1835-jackson.txt"
+DEMO_INSTRUCTION = "Summarise the address above: its speaker, year and main policy themes."
+
+
+@dataclass
+class GenerateArgs:
+    """Options shared by `demo` and `generate`."""
+
+    target: str = "smollm2"
+    draft: str | None = None
+    prompt: str | None = None
+    prompt_file: str | None = None
+    chat: bool = False
+    max_new_tokens: int = 128
+    tree: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    compare: bool = True
+
+
+def _parse_tree(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--tree takes comma-separated beam widths such as 4,16,16,16,16; got {text!r}")
+
+
+def load_target(name: str, dtype: torch.dtype, device: str):
+    """`smollm2` (the embedded default), a HF model folder, or a `.gguf` file → (model, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .demo import load_smollm2
+
+    if name == "smollm2":
+        return load_smollm2(dtype=dtype, device=device)
+    path = Path(name)
+    if not path.exists():
+        raise ValueError(f"--target {name!r}: no such file or folder (use 'smollm2', a model folder or a .gguf file)")
+    kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    folder = path.parent if kwargs else path
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).to(device).eval()
+    return model, tokenizer
+
+
+def load_draft(path: str | None, target):
+    """The draft at `path`, else the bundled SmolLM2 draft for the default target, else a new untrained one."""
+    from . import LongSpecDraft
+    from .demo import DEFAULT_DRAFT_DIR
+
+    if path is None and target.config.model_type == "llama" and (DEFAULT_DRAFT_DIR / "config.json").exists():
+        path = str(DEFAULT_DRAFT_DIR)
+    if path is None:
+        print("note: no trained draft given; using an untrained one (tau will be near 1)", file=sys.stderr)
+        return LongSpecDraft.from_target(target)
+    if not (Path(path) / "config.json").exists():
+        raise ValueError(f"--draft {path!r} is not a saved LongSpec draft folder (no config.json)")
+    return LongSpecDraft.from_pretrained(path, target_model=target)
+
+
+def _prompt_ids(args: GenerateArgs, tokenizer, default_text: str | None) -> torch.Tensor:
+    if args.prompt_file:
+        text = Path(args.prompt_file).read_text()
+    else:
+        text = args.prompt or default_text
+    if not text:
+        raise ValueError("give --prompt TEXT or --prompt-file PATH")
+    if args.chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            return_dict=True)["input_ids"]
+        return torch.tensor([ids])
+    return tokenizer(text, return_tensors="pt").input_ids
+
+
+def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
+    """Generate with LongSpec (streamed), then print τ, tokens/s and, with `compare`, plain greedy side by side."""
+    from transformers import TextStreamer
+
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer = load_target(args.target, dtype, args.device)
+    draft = load_draft(args.draft, target)
+    ids = _prompt_ids(args, tokenizer, default_text).to(args.device)
+    widths = _parse_tree(args.tree)
+    extra = {} if widths is None else {"longspec_beam_widths": widths}
+    print(f"prompt: {ids.shape[1]} tokens; generating {args.max_new_tokens} with LongSpec ...\n", file=sys.stderr)
+    out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=args.max_new_tokens,
+                          streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True), **extra)
+    stats = draft.last_generation_stats
+    print(f"\nLongSpec: {stats.new_tokens} tokens, tau {stats.tau:.2f} (mean tokens per target forward), "
+          f"{stats.decode_tokens_per_s:.1f} tokens/s decode (prefill excluded), tree {list(stats.beam_widths)}")
+    if args.compare:
+        start = time.perf_counter()
+        plain = target.generate(ids, do_sample=False, max_new_tokens=1)
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        plain = target.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens)
+        seconds = time.perf_counter() - start - prefill
+        n = plain.shape[1] - ids.shape[1]
+        print(f"plain greedy: {n} tokens, {(n - 1) / max(seconds, 1e-9):.1f} tokens/s decode; "
+              f"identical output: {torch.equal(plain, out)}")
+
+
+def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
+    if not demo:
+        p.add_argument("--target", default="smollm2", help="'smollm2' (default), a HF model folder or a .gguf file")
+        p.add_argument("--prompt", help="prompt text")
+        p.add_argument("--prompt-file", help="read the prompt from this file")
+        p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    p.add_argument("--draft", help="saved LongSpec draft folder (default: the bundled SmolLM2 draft)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--tree", help="beam widths per depth, e.g. 4,16,16,16,16 (default: the draft's)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--no-compare", dest="compare", action="store_false", help="skip the plain greedy comparison")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="longspec", description="Lossless long-context speculative decoding "
+                                     "(LongSpec) for HuggingFace transformers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="SmolLM2-135M-Instruct + trained draft summarising a real 1835 address")
+    _add_generate_options(demo, demo=True)
+    gen = sub.add_parser("generate", help="generate with a target and a LongSpec draft")
+    _add_generate_options(gen, demo=False)
+    try:
+        from .cli_train import add_train_parser
+    except ImportError:  # the trainer's optional dependencies are missing: `train` explains itself
+        add_train_parser = None
+    if add_train_parser is not None:
+        add_train_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `longspec` command. Returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            options = GenerateArgs(chat=True, **{k: v for k, v in vars(args).items() if k != "command"})
+            text = ASSET_DOCUMENT.read_text() + "\n\n" + DEMO_INSTRUCTION
+            run_generate(options, default_text=text)
+        elif args.command == "generate":
+            run_generate(GenerateArgs(**{k: v for k, v in vars(args).items() if k != "command"}))
+        else:
+            from .cli_train import run_train
+
+            run_train(args)
+    except (ValueError, ImportError, FileNotFoundError) as err:
+        print(f"longspec {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

