@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import time
@@ -24,7 +25,7 @@ import torch
 from transformers_longspec.cli import load_draft, load_target
 from transformers_longspec.demo import eval_prompt
 
-EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
+EVAL_DIR = Path(os.environ.get("LONGSPEC_EVAL_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"))
 
 
 @dataclass

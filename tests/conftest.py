@@ -4,12 +4,24 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from tiny_models import FAMILIES
 
 import transformers_longspec  # noqa: F401  (installs the generate hook)
 
 # The repository sits beside shared/ (here and in CI).
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
+
+
+@pytest.fixture(autouse=True)
+def _threads_for_model_size(request):
+    """One intra-op thread for tiny models (several times faster: no OpenMP barrier per 32x32 matmul); the real
+    SmolLM2 tests keep all threads. Restored after each test."""
+    threads = torch.get_num_threads()
+    if "smollm2" not in request.fixturenames:
+        torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(params=sorted(FAMILIES))

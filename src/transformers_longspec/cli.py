@@ -17,8 +17,11 @@ from pathlib import Path
 
 import torch
 
+from .cli_train import add_train_parser, load_target, run_train
+
 ASSET_DOCUMENT = Path(__file__).parent / "assets" / "sotu-1835-jackson.txt"
 DEMO_INSTRUCTION = "Summarise the address above: its speaker, year and main policy themes."
+CPU_TREE = [2, 2, 2, 2]
 
 
 @dataclass
@@ -44,24 +47,6 @@ def _parse_tree(text: str | None) -> list[int] | None:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--tree takes comma-separated beam widths such as 4,16,16,16,16; got {text!r}")
-
-
-def load_target(name: str, dtype: torch.dtype, device: str):
-    """`smollm2` (the embedded default), a HF model folder, or a `.gguf` file → (model, tokenizer)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .demo import load_smollm2
-
-    if name == "smollm2":
-        return load_smollm2(dtype=dtype, device=device)
-    path = Path(name)
-    if not path.exists():
-        raise ValueError(f"--target {name!r}: no such file or folder (use 'smollm2', a model folder or a .gguf file)")
-    kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
-    folder = path.parent if kwargs else path
-    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).to(device).eval()
-    return model, tokenizer
 
 
 def load_draft(path: str | None, target):
@@ -102,6 +87,9 @@ def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
     draft = load_draft(args.draft, target)
     ids = _prompt_ids(args, tokenizer, default_text).to(args.device)
     widths = _parse_tree(args.tree)
+    if widths is None and args.device == "cpu":
+        # On a CPU verification is compute-bound: a 69-node tree costs ~69 decode steps. A small tree pays better.
+        widths = CPU_TREE
     extra = {} if widths is None else {"longspec_beam_widths": widths}
     print(f"prompt: {ids.shape[1]} tokens; generating {args.max_new_tokens} with LongSpec ...\n", file=sys.stderr)
     out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=args.max_new_tokens,
@@ -129,7 +117,8 @@ def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
         p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--draft", help="saved LongSpec draft folder (default: the bundled SmolLM2 draft)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
-    p.add_argument("--tree", help="beam widths per depth, e.g. 4,16,16,16,16 (default: the draft's)")
+    p.add_argument("--tree", help="beam widths per depth, e.g. 4,16,16,16,16 (default: the draft's on a GPU, "
+                   f"{','.join(map(str, CPU_TREE))} on a CPU)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--no-compare", dest="compare", action="store_false", help="skip the plain greedy comparison")
@@ -143,12 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate_options(demo, demo=True)
     gen = sub.add_parser("generate", help="generate with a target and a LongSpec draft")
     _add_generate_options(gen, demo=False)
-    try:
-        from .cli_train import add_train_parser
-    except ImportError:  # the trainer's optional dependencies are missing: `train` explains itself
-        add_train_parser = None
-    if add_train_parser is not None:
-        add_train_parser(sub)
+    add_train_parser(sub)
     return parser
 
 
@@ -163,8 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "generate":
             run_generate(GenerateArgs(**{k: v for k, v in vars(args).items() if k != "command"}))
         else:
-            from .cli_train import run_train
-
             run_train(args)
     except (ValueError, ImportError, FileNotFoundError) as err:
         print(f"longspec {args.command}: error: {err}", file=sys.stderr)

@@ -270,6 +270,10 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         )
         return self
 
+    def get_input_embeddings(self):
+        """The target's (shared) token embedding, or None before `attach_target`."""
+        return None if self._shared is None else self._shared.embed_tokens
+
     @property
     def target_model(self):
         """The attached target model, or None."""
@@ -392,7 +396,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
 
     def _chunked_loss(self, hidden, labels, chunk: int) -> torch.Tensor:
         """Mean CE over labels != -100, computing the LM head `chunk` positions at a time."""
-        total = hidden.new_zeros((), dtype=torch.float32)
+        total = hidden.float().sum() * 0.0  # stays in the graph when a batch has no supervised token
         count = (labels != -100).sum()
         for start in range(0, hidden.shape[1], chunk):
             part = labels[:, start : start + chunk]

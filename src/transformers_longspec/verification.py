@@ -98,6 +98,25 @@ def choose_next_tokens(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
     return scores.argmax(dim=-1)
 
 
+def deepest_accepted(tree: DraftTree, next_tokens: torch.Tensor) -> torch.Tensor:
+    """Index of the deepest node whose whole path matches the target's choices (no host sync).
+
+    Args:
+        tree: the draft tree.
+        next_tokens: (..., tree_size) int64, the target's choice after each node; leading dims are independent
+            trials (the statistical tests draw many at once).
+    Returns: (...,) int64 node indices (0 = the root: nothing accepted).
+    Reference: LongSpec §3.3 (greedy tree verification); module docstring for the sampling case.
+    """
+    parent_choice = next_tokens[..., tree.parents.clamp(min=0)]
+    matches = tree.tokens == parent_choice
+    matches[..., 0] = True
+    # a node is on a good path iff none of its ancestors (itself included) mismatches
+    bad = (~matches).to(torch.float32) @ tree.ancestors.T.to(torch.float32)
+    depth_if_good = torch.where(bad == 0, tree.depths, -1)
+    return depth_if_good.argmax(dim=-1)
+
+
 def accept(tree: DraftTree, next_tokens: torch.Tensor) -> Acceptance:
     """Deepest path whose every drafted token equals the target's choice at its parent, plus the bonus token.
 
@@ -107,13 +126,10 @@ def accept(tree: DraftTree, next_tokens: torch.Tensor) -> Acceptance:
     Returns: `Acceptance`. One device→host sync: the accepted length.
     Reference: LongSpec §3.3 (greedy tree verification); module docstring for the sampling case.
     """
-    matches = tree.tokens == next_tokens[tree.parents.clamp(min=0)]
-    matches[0] = True
-    on_good_path = ~(tree.ancestors & ~matches[None, :]).any(dim=1)
-    last = torch.where(on_good_path, tree.depths, -1).argmax()
+    last = deepest_accepted(tree, next_tokens)
     path = tree.ancestors[last].nonzero().flatten()  # the one host sync of the step: how many were accepted
     new_tokens = torch.cat([tree.tokens[path[1:]], next_tokens[last].view(1)])
     return Acceptance(path=path, new_tokens=new_tokens)
 
 
-__all__ = ["Acceptance", "verify_tree", "process_tree_logits", "choose_next_tokens", "accept"]
+__all__ = ["Acceptance", "verify_tree", "process_tree_logits", "choose_next_tokens", "deepest_accepted", "accept"]

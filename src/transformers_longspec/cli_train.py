@@ -1,0 +1,180 @@
+"""`longspec train`: train (or LoRA-adapt) a LongSpec draft for a target from a recipe.
+
+    longspec train --recipe stage1 --target smollm2 --output drafts/smollm2-stage1
+    longspec train --recipe stage2 --target ./Qwen2.5-Coder-1.5B --draft drafts/q-stage1 --output drafts/q-stage2
+    longspec train --recipe stage3 --target model.gguf --draft drafts/q-stage2 --lora --output drafts/q-code
+
+The main CLI calls `add_train_parser(subparsers)` to register the command and `run_train(args)` to run it.
+Progress bars and loss logs come from the transformers `Trainer`. User mistakes raise ValueError /
+FileNotFoundError / ImportError with the fix in the message (the CLI prints them without a traceback).
+
+Reference: LongSpec (arXiv 2502.17421) §4.1; trainers/recipes/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["add_train_parser", "load_target", "run_train"]
+
+
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `train` subcommand to an `argparse` subparsers object (sets `func=run_train`).
+
+    Args:
+        subparsers: the object returned by `ArgumentParser.add_subparsers()`.
+    Returns: the `train` sub-parser.
+    Reference: Python `argparse`.
+    """
+    p = subparsers.add_parser("train", help="train a LongSpec draft for a target from a recipe",
+                              description="Train (or LoRA-adapt) a LongSpec draft (recipes: trainers/recipes/).")
+    p.add_argument("--target", required=True,
+                   help="HF model folder, a .gguf file, or 'smollm2' (the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--recipe", required=True, help="recipe .json file or shipped name (stage1, stage2, stage3, ...)")
+    p.add_argument("--output", required=True, help="folder for checkpoints and the final draft")
+    p.add_argument("--max-steps", type=int, default=None, help="override the recipe's max_steps")
+    p.add_argument("--draft", default=None, help="continue from this trained draft folder instead of a new draft")
+    p.add_argument("--lora", action="store_true", help="LoRA-adapt the --draft (needs peft) instead of full training")
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank")
+    p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha (scale = alpha / r)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where to train (auto: cuda if available)")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="compute dtype; auto = the recipe's bf16 on CUDA, fp32 on CPU (draft weights stay fp32)")
+    p.add_argument("--save-dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="dtype of the saved final draft (bf16 halves the file; loading casts to the target's dtype)")
+    p.add_argument("--seed", type=int, default=None, help="override the recipe's seed")
+    p.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a training argument, e.g. --set learning_rate=1e-4 (JSON values where possible)")
+    p.set_defaults(func=run_train)
+    return p
+
+
+def load_target(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """Load the target model and tokenizer named on the command line.
+
+    Args:
+        spec: an HF model folder, a `.gguf` file (needs the `gguf` package), or "smollm2".
+        dtype: weights dtype.
+        device: "cpu" or "cuda".
+    Returns: (model in eval mode, tokenizer).
+    Raises: FileNotFoundError if the path does not exist; ImportError naming the package to install.
+    Reference: transformers `AutoModelForCausalLM.from_pretrained` (`gguf_file=`).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if spec == "smollm2":
+        from .demo import load_smollm2
+
+        return load_smollm2(dtype=dtype, device=device)
+    path = Path(spec)
+    if path.suffix == ".gguf" and path.is_file():
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    elif path.is_dir():
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    else:
+        raise FileNotFoundError(f"--target {spec!r}: not a model folder, a .gguf file, or 'smollm2'")
+    return model.to(device).eval(), tokenizer
+
+
+def _parse_sets(pairs: list[str]) -> dict:
+    """`KEY=VALUE` strings → dict; values parsed as JSON when possible (numbers, true/false, lists)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE (e.g. --set learning_rate=1e-4), got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _training_overrides(args, recipe) -> tuple[dict, str, bool]:
+    """TrainingArguments overrides from the command line, the device and whether bf16 autocast is on."""
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda but no CUDA device is visible; use --device cpu")
+    recipe_bf16 = device == "cuda" and bool(recipe.training_arguments.get("bf16", False))
+    bf16 = {"bf16": True, "fp32": False}.get(args.dtype, recipe_bf16)
+    overrides = {"use_cpu": device == "cpu", "bf16": bf16, **_parse_sets(args.set)}
+    if args.max_steps is not None:
+        overrides["max_steps"] = args.max_steps
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    return overrides, device, overrides["bf16"]
+
+
+def _build_model(args, recipe, target):
+    """The model to train: a new draft, a continued draft, or a LoRA-wrapped draft (fp32 weights)."""
+    from transformers_longspec.modeling import LongSpecDraft
+    from transformers_longspec.trainers import add_lora_to_draft
+
+    if args.lora and not args.draft:
+        raise ValueError("--lora adapts a trained draft: pass --draft PATH (or drop --lora to train a new draft)")
+    if args.draft:
+        if not Path(args.draft).is_dir():
+            raise FileNotFoundError(f"--draft {args.draft!r} is not a draft folder (save_pretrained / longspec train)")
+        draft = LongSpecDraft.from_pretrained(args.draft, target_model=target, dtype=torch.float32)
+    else:
+        draft = LongSpecDraft.from_target(target, **recipe.draft)
+    draft = draft.to(device=next(target.parameters()).device, dtype=torch.float32)
+    return add_lora_to_draft(draft, r=args.lora_r, alpha=args.lora_alpha) if args.lora else draft
+
+
+def run_train(args) -> dict:
+    """Run `longspec train`: load target and recipe, build data and draft, train, save the final draft.
+
+    The final draft goes to `--output` in `--save-dtype` (loadable with
+    `LongSpecDraft.from_pretrained(output, target_model=target)`); with `--lora` the adapter goes to
+    `--output/adapter` and the MERGED draft to `--output`. A summary
+    (`longspec_training.json`) records the recipe, target, steps and losses.
+
+    Args:
+        args: the `argparse.Namespace` of the `train` subcommand.
+    Returns: the summary dict.
+    Raises: ValueError / FileNotFoundError / ImportError for user mistakes (bad recipe, paths, missing peft).
+    Reference: LongSpec §4.1; transformers `Trainer.train`.
+    """
+    from transformers_longspec.trainers import LongSpecTrainer, merge_lora_draft
+    from transformers_longspec.trainers.recipes import build_datasets, build_training_arguments, load_recipe
+
+    start = time.perf_counter()
+    recipe = load_recipe(args.recipe)
+    overrides, device, bf16 = _training_overrides(args, recipe)
+    training_args = build_training_arguments(recipe, args.output, **overrides)
+    target, tokenizer = load_target(args.target, torch.bfloat16 if bf16 else torch.float32, device)
+    model = _build_model(args, recipe, target)
+    train_rows, eval_rows, collator = build_datasets(recipe.data, tokenizer, target)
+    print(f"longspec train: recipe {recipe.name}, {len(train_rows)} training rows, "
+          f"{len(eval_rows or [])} eval rows, {recipe.data.seq_length} tokens per row")
+    trainer = LongSpecTrainer(model=model, args=training_args, target_model=target, train_dataset=train_rows,
+                              eval_dataset=eval_rows, data_collator=collator)
+    result = trainer.train(resume_from_checkpoint=True if args.resume else None)
+    metrics = trainer.evaluate() if eval_rows else {}
+    output = Path(args.output)
+    if trainer.is_world_process_zero():
+        if args.lora:
+            model.save_pretrained(output / "adapter")
+        final = merge_lora_draft(model) if args.lora else model
+        final.to({"fp32": torch.float32, "bf16": torch.bfloat16}[args.save_dtype]).save_pretrained(output)
+    summary = {
+        "recipe": recipe.name, "target": args.target, "draft_init": args.draft or "from_target", "lora": args.lora,
+        "steps": result.global_step, "train_loss": result.training_loss, "eval_loss": metrics.get("eval_loss"),
+        "train_runtime_s": result.metrics.get("train_runtime"), "total_runtime_s": time.perf_counter() - start,
+        "device": device, "bf16": bf16, "save_dtype": args.save_dtype,
+    }
+    if trainer.is_world_process_zero():
+        (output / "longspec_training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"longspec train: draft saved to {output} "
+          f"(load with LongSpecDraft.from_pretrained({str(output)!r}, target_model=target))")
+    return summary

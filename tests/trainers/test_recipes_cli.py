@@ -1,0 +1,141 @@
+"""Recipes and the `longspec train` command, end to end on a tiny target saved as an HF folder."""
+
+import argparse
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from transformers_longspec import LongSpecDraft
+from transformers_longspec.cli_train import add_train_parser
+from transformers_longspec.trainers.recipes import build_datasets, build_training_arguments, list_recipes, load_recipe
+
+from tiny_models import make_target
+from trainer_helpers import make_char_tokenizer
+
+TINY_RECIPE = {
+    "description": "tiny CLI test",
+    "draft": {"sliding_window": 16},
+    "data": {"format": "packed", "source": "python_packages", "packages": ["tqdm", "not_installed_pkg"],
+             "seq_length": 32, "min_chars": 200, "max_sequences": 8, "eval_sequences": 4},
+    "training_arguments": {"max_steps": 2, "per_device_train_batch_size": 4, "per_device_eval_batch_size": 4,
+                           "learning_rate": 1e-2, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
+                           "disable_tqdm": True, "bf16": True},
+}
+
+
+@pytest.mark.parametrize("name", list_recipes())
+def test_shipped_recipes_build_training_arguments(name, tmp_path):
+    recipe = load_recipe(name)
+    args = build_training_arguments(recipe, str(tmp_path), use_cpu=True)
+    assert args.max_steps > 0 and args.lr_scheduler_type.value == "cosine" and args.remove_unused_columns is False
+    assert recipe.description and recipe.data.seq_length >= 1024
+    assert not set(recipe.data.packages) & {"json", "gguf", "llama_cpp"}
+
+
+def test_required_recipes_exist():
+    assert {"stage1", "stage2", "stage3", "smollm2-gpu", "qwen2.5-coder-1.5b-gpu"} <= set(list_recipes())
+    assert load_recipe("qwen2.5-coder-1.5b-gpu.json").name == "qwen2.5-coder-1.5b-gpu"
+
+
+def test_recipe_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="stage1"):
+        load_recipe("no-such-recipe")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"training_arguments": {"learning_rat": 1.0}}))
+    with pytest.raises(ValueError, match="learning_rat"):
+        load_recipe(bad)
+    bad.write_text(json.dumps({"data": {"format": "chat", "source": "self_distill", "sequence": 3}}))
+    with pytest.raises(ValueError, match="sequence"):
+        load_recipe(bad)
+    bad.write_text(json.dumps({"data": {"format": "packed", "source": "self_distill"}}))
+    with pytest.raises(ValueError, match="format 'chat'"):
+        load_recipe(bad)
+
+
+def test_build_datasets_packed_and_jsonl(tmp_path, char_tokenizer):
+    recipe_path = tmp_path / "r.json"
+    recipe_path.write_text(json.dumps(TINY_RECIPE))
+    with pytest.warns(UserWarning, match="not_installed_pkg"):
+        train, evaluation, collator = build_datasets(load_recipe(recipe_path).data, char_tokenizer)
+    assert len(train) == 8 and len(evaluation) == 4
+    assert collator(train[:2])["input_ids"].shape == (2, 32)
+    rows = tmp_path / "chats.jsonl"
+    rows.write_text(json.dumps({"input": "Q?", "context": "C.", "answers": ["A"]}) + "\n")
+    recipe_path.write_text(json.dumps({"data": {"format": "chat", "source": "jsonl", "path": str(rows),
+                                                "seq_length": 64}}))
+    train, evaluation, collator = build_datasets(load_recipe(recipe_path).data, char_tokenizer)
+    labels = collator(train)["labels"][0]
+    assert char_tokenizer.decode(labels[labels != -100]) == "A</s>" and evaluation is None
+    eval_dir = tmp_path / "data" / "eval"
+    eval_dir.mkdir(parents=True)
+    (eval_dir / "summarization.jsonl").write_text(rows.read_text())
+    recipe_path.write_text(json.dumps({"data": {"format": "chat", "source": "jsonl",
+                                                "path": str(eval_dir / "summarization.jsonl")}}))
+    with pytest.raises(ValueError, match="evaluation material"):
+        build_datasets(load_recipe(recipe_path).data, char_tokenizer)
+
+
+def test_build_datasets_text_and_self_distill(tmp_path, char_tokenizer):
+    recipe_path = tmp_path / "r.json"
+    recipe_path.write_text(json.dumps({"data": {"format": "text", "source": "python_packages", "packages": ["tqdm"],
+                                                "seq_length": 16, "min_chars": 200, "max_sequences": 3}}))
+    train, _, collator = build_datasets(load_recipe(recipe_path).data, char_tokenizer)
+    assert len(train) == 3 and collator(train)["input_ids"].shape == (3, 16)
+    recipe_path.write_text(json.dumps({"data": {"format": "chat", "source": "self_distill", "packages": ["tqdm"],
+                                                "seq_length": 600, "min_chars": 200, "num_prompts": 3,
+                                                "max_new_tokens": 4, "eval_sequences": 1}}))
+    spec = load_recipe(recipe_path).data
+    with pytest.raises(ValueError, match="needs the target"):
+        build_datasets(spec, char_tokenizer)
+    train, evaluation, collator = build_datasets(spec, char_tokenizer, make_target("llama"))
+    assert len(train) == 2 and len(evaluation) == 1 and train[0]["messages"][1]["role"] == "assistant"
+    labels = collator(train)["labels"]
+    assert ((labels != -100).sum(1) >= 1).all() and ((labels != -100).sum(1) <= 5).all()  # <= 4 tokens + </s>
+
+
+def _run(argv):
+    parser = argparse.ArgumentParser(prog="longspec")
+    add_train_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", *argv])
+    return args.func(args)
+
+
+@pytest.mark.filterwarnings("ignore:recipe data. packages")
+def test_cli_trains_continues_and_lora_adapts(tmp_path):
+    target = make_target("llama")
+    target.save_pretrained(tmp_path / "target")
+    make_char_tokenizer().save_pretrained(tmp_path / "target")
+    recipe = tmp_path / "tiny.json"
+    recipe.write_text(json.dumps(TINY_RECIPE))
+    common = ["--target", str(tmp_path / "target"), "--recipe", str(recipe), "--device", "cpu"]
+    summary = _run([*common, "--output", str(tmp_path / "d1"), "--set", "learning_rate=0.02", "--save-dtype", "bf16"])
+    assert summary["steps"] == 2 and summary["eval_loss"] is not None and summary["bf16"] is False
+    assert all(t.dtype == torch.bfloat16 for t in load_file(tmp_path / "d1" / "model.safetensors").values())
+    draft = LongSpecDraft.from_pretrained(tmp_path / "d1", target_model=target)
+    assert draft.config.sliding_window == 16
+    assert json.loads((tmp_path / "d1" / "longspec_training.json").read_text())["recipe"] == "tiny"
+
+    summary = _run([*common, "--output", str(tmp_path / "d2"), "--draft", str(tmp_path / "d1"), "--max-steps", "1",
+                    "--lora", "--lora-r", "2"])
+    assert summary["steps"] == 1 and (tmp_path / "d2" / "adapter" / "adapter_config.json").exists()
+    merged = LongSpecDraft.from_pretrained(tmp_path / "d2", target_model=target)
+    ids = torch.randint(3, 99, (1, 12), generator=torch.Generator().manual_seed(0))
+    plain = target.generate(ids, do_sample=False, max_new_tokens=8)
+    assert torch.equal(target.generate(ids, assistant_model=merged, do_sample=False, max_new_tokens=8), plain)
+
+
+def test_cli_user_errors(tmp_path):
+    with pytest.raises(ValueError, match="--lora adapts a trained draft"):
+        target = make_target("llama")
+        target.save_pretrained(tmp_path / "t")
+        make_char_tokenizer().save_pretrained(tmp_path / "t")
+        _run(["--target", str(tmp_path / "t"), "--recipe", "stage1", "--output", str(tmp_path / "o"), "--lora",
+              "--device", "cpu"])
+    with pytest.raises(FileNotFoundError, match="not a model folder"):
+        _run(["--target", str(tmp_path / "missing"), "--recipe", "stage1", "--output", str(tmp_path / "o"),
+              "--device", "cpu"])
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        _run(["--target", "smollm2", "--recipe", "stage1", "--output", str(tmp_path / "o"), "--set", "oops",
+              "--device", "cpu"])

@@ -1,0 +1,159 @@
+"""LongSpecTrainer on tiny random targets: loss goes down, only draft weights train and save, resume, bf16."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainingArguments
+
+from transformers_longspec import LongSpecDraft
+from transformers_longspec.trainers import (
+    LongSpecTrainer,
+    LongSpecTrainingArguments,
+    TokenCollator,
+    target_last_layer_kv,
+)
+
+from tiny_models import make_target
+
+ROWS = [{"input_ids": torch.randint(3, 99, (32,), generator=torch.Generator().manual_seed(i))} for i in range(4)]
+
+
+def _args(tmp_path, **overrides):
+    base = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": [], "disable_tqdm": True,
+            "per_device_train_batch_size": 4, "per_device_eval_batch_size": 4, "learning_rate": 1e-2, "max_steps": 3,
+            "logging_steps": 1, "save_strategy": "no", "seed": 0}
+    return LongSpecTrainingArguments(**{**base, **overrides})
+
+
+def _trainer(target, args, draft=None, rows=ROWS):
+    draft = draft if draft is not None else LongSpecDraft.from_target(target)
+    return LongSpecTrainer(model=draft, target_model=target, args=args, train_dataset=rows, eval_dataset=rows,
+                           data_collator=TokenCollator(pad_token_id=0))
+
+
+def test_three_steps_lower_the_loss_and_train_only_the_draft(tmp_path, family):
+    target = make_target(family)
+    trainer = _trainer(target, _args(tmp_path))
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    after = trainer.evaluate()["eval_loss"]
+    assert after < before - 0.3, (before, after)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    draft_ids = {id(p) for p in trainer.model.parameters()}
+    optimised = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert optimised == draft_ids
+    assert not target.training and all(not p.requires_grad and p.grad is None for p in target.parameters())
+
+
+def test_checkpoint_holds_only_the_draft_and_generates_like_greedy(tmp_path):
+    target = make_target("llama")
+    trainer = _trainer(target, _args(tmp_path, save_strategy="steps", save_steps=3))
+    trainer.train()
+    checkpoint = tmp_path / "checkpoint-3"
+    saved = load_file(checkpoint / "model.safetensors")
+    assert set(saved) == set(trainer.model.state_dict())
+    assert not any(target.config.vocab_size in t.shape for t in saved.values())  # no embedding / LM head copy
+    loaded = LongSpecDraft.from_pretrained(checkpoint, target_model=target)
+    for name, tensor in trainer.model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    ids = torch.randint(3, 99, (1, 20), generator=torch.Generator().manual_seed(7))
+    plain = target.generate(ids, do_sample=False, max_new_tokens=10)
+    assert torch.equal(target.generate(ids, assistant_model=loaded, do_sample=False, max_new_tokens=10), plain)
+
+
+def test_resume_repeats_the_uninterrupted_run(tmp_path):
+    rows = [{"input_ids": torch.randint(3, 99, (24,), generator=torch.Generator().manual_seed(10 + i))}
+            for i in range(8)]
+    target = make_target("llama")
+    full = _trainer(target, _args(tmp_path / "a", max_steps=4, save_strategy="steps", save_steps=2), rows=rows)
+    full.train()
+    resumed = _trainer(target, _args(tmp_path / "b", max_steps=4), rows=rows)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))
+    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_positions_and_noise_follow_the_options(tmp_path):
+    target = make_target("llama")
+    seen = []
+    target.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["position_ids"].clone()), with_kwargs=True
+    )
+    trainer = _trainer(target, _args(tmp_path, max_steps=1, gradient_accumulation_steps=2,
+                                     per_device_train_batch_size=2, max_position=4096, anchor_sinks=3))
+    trainer.train()
+    assert len(seen) == 2  # two micro-steps, each with its own draw
+    for pos in seen:
+        assert pos[:, :3].tolist() == [[0, 1, 2]] * 2
+        offsets = pos[:, 3:] - torch.arange(3, 32)
+        assert (offsets == offsets[:, :1]).all() and int(pos.max()) <= 4095
+    assert not torch.equal(seen[0], seen[1])
+    seen.clear()
+    trainer.evaluate()
+    assert all(torch.equal(p, torch.arange(32).expand_as(p)) for p in seen)  # eval: natural positions
+
+
+def test_long_sequences_keep_natural_positions(tmp_path):
+    target = make_target("llama")
+    seen = []
+    target.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["position_ids"].clone()), with_kwargs=True
+    )
+    _trainer(target, _args(tmp_path, max_steps=1, anchor_max_length=32)).train()
+    assert torch.equal(seen[0], torch.arange(32).expand(4, 32))
+
+
+def test_attention_sinks_stay_visible_to_later_tokens():
+    """With an anchor-offset jump, the target must not treat the sinks as another packed sequence."""
+    target = make_target("llama")
+    ids = torch.randint(3, 99, (1, 10), generator=torch.Generator().manual_seed(0))
+    pos = torch.tensor([[0, 1, 2, 3] + list(range(900, 906))])
+    keys, _ = target_last_layer_kv(target, ids, pos)
+    changed = ids.clone()
+    changed[0, 0] = (ids[0, 0] + 1) % 99
+    keys2, _ = target_last_layer_kv(target, changed, pos)
+    assert not torch.allclose(keys[:, :, -1], keys2[:, :, -1])
+
+
+def test_bf16_autocast_keeps_fp32_draft(tmp_path):
+    target = make_target("qwen2")
+    draft = LongSpecDraft.from_target(target)
+    trainer = _trainer(target, _args(tmp_path, max_steps=1, bf16=True), draft=draft)
+    trainer.train()
+    assert next(target.parameters()).dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in draft.parameters())
+    assert torch.isfinite(torch.tensor(trainer.state.log_history[0]["loss"]))
+
+
+def test_plain_training_arguments_get_longspec_defaults(tmp_path):
+    target = make_target("llama")
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, max_steps=1, report_to=[], disable_tqdm=True,
+                             per_device_train_batch_size=4, save_strategy="no")
+    trainer = _trainer(target, args)
+    assert args.remove_unused_columns is False
+    trainer.train()
+
+
+def test_user_errors_are_explained(tmp_path):
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target)
+    with pytest.raises(ValueError, match="needs the frozen target"):
+        LongSpecTrainer(model=draft, args=_args(tmp_path))
+    with pytest.raises(TypeError, match="LongSpecDraft"):
+        LongSpecTrainer(model=make_target("llama"), target_model=target, args=_args(tmp_path))
+    with pytest.raises(ValueError, match="Set bf16=True"):
+        _trainer(target, _args(tmp_path), draft=draft.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="remove_unused_columns"):
+        _args(tmp_path, remove_unused_columns=True)
+    with pytest.raises(ValueError, match="noise_max"):
+        _args(tmp_path, noise_max=0)
+
+
+def test_batch_without_supervised_tokens_is_a_zero_step(tmp_path):
+    target = make_target("llama")
+    rows = [{"input_ids": r["input_ids"], "labels": torch.full((32,), -100)} for r in ROWS]
+    draft = LongSpecDraft.from_target(target)
+    before = {k: v.clone() for k, v in draft.state_dict().items()}
+    _trainer(target, _args(tmp_path, max_steps=1, weight_decay=0.0), draft=draft, rows=rows).train()
+    assert all(torch.equal(before[k], v) for k, v in draft.state_dict().items())

@@ -1,0 +1,53 @@
+"""Training LongSpec drafts with the transformers `Trainer` (`transformers_longspec.trainers`).
+
+    from transformers_longspec.trainers import LongSpecTrainer, LongSpecTrainingArguments, TokenCollator, pack_texts
+    draft = LongSpecDraft.from_target(target).float()
+    blocks = pack_texts(python_package_sources(["torch", "transformers"]), tokenizer, seq_length=1024)
+    args = LongSpecTrainingArguments(output_dir="out", bf16=True, learning_rate=5e-4, lr_scheduler_type="cosine")
+    LongSpecTrainer(model=draft, target_model=target, args=args, train_dataset=blocks,
+                    data_collator=TokenCollator(tokenizer.pad_token_id)).train()
+
+Recipes for the three training stages are in `trainers/recipes/` (see its README.md); the `longspec train`
+command runs them.
+
+Reference: LongSpec (arXiv 2502.17421) §3.2 and §4.1.
+"""
+
+from .anchor_offset import anchor_offset_position_ids
+from .arguments import LongSpecTrainingArguments
+from .data import (
+    ChatCollator,
+    TextCollator,
+    TokenCollator,
+    longbench_to_messages,
+    pack_texts,
+    read_longbench_jsonl,
+)
+from .lora import LORA_TARGET_MODULES, add_lora_to_draft, load_lora_draft, merge_lora_draft
+from .noisy import mask_noisy_labels, noise_visibility_mask, sample_noise_offset
+from .sources import python_package_sources, self_distill_texts, source_snippet_prompts
+from .trainer import LongSpecTrainer, target_last_layer_kv, unwrap_draft
+
+__all__ = [
+    "LORA_TARGET_MODULES",
+    "ChatCollator",
+    "LongSpecTrainer",
+    "LongSpecTrainingArguments",
+    "TextCollator",
+    "TokenCollator",
+    "add_lora_to_draft",
+    "anchor_offset_position_ids",
+    "load_lora_draft",
+    "longbench_to_messages",
+    "mask_noisy_labels",
+    "merge_lora_draft",
+    "noise_visibility_mask",
+    "pack_texts",
+    "python_package_sources",
+    "read_longbench_jsonl",
+    "sample_noise_offset",
+    "self_distill_texts",
+    "source_snippet_prompts",
+    "target_last_layer_kv",
+    "unwrap_draft",
+]

@@ -1,0 +1,98 @@
+"""`LongSpecTrainingArguments`: `TrainingArguments` plus the options of LongSpec draft training.
+
+Reference: LongSpec (arXiv 2502.17421) §3.2; transformers `TrainingArguments`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+__all__ = ["LONGSPEC_DEFAULTS", "LongSpecTrainingArguments"]
+
+
+@dataclass
+class LongSpecTrainingArguments(TrainingArguments):
+    """`TrainingArguments` for [`LongSpecTrainer`], with the anchor-offset and noisy-training options.
+
+    Args (beyond `TrainingArguments`):
+        anchor_offset (`bool`): draw anchor-offset position ids for sequences shorter than `anchor_max_length`.
+        anchor_sinks (`int`): leading positions kept in place (attention sinks); 4 in the paper.
+        anchor_max_length (`int`): tokens; sequences of this length or longer keep positions 0..seq-1.
+        max_position (`int` or None): tokens; the largest position id drawn is `max_position - 1`.
+            None = the target's `max_position_embeddings`.
+        noisy_training (`bool`): draw the noise offset j in [1, noise_max] each step (else j = 1).
+        noise_max (`int`): gamma - 1, the largest j (tokens); 4 for the default depth-5 tree.
+        index_seed (`int` or None): seed of the position-id / noise RNG; None = `seed`. Draws are derived from
+            (index_seed, process, global step, micro-step), so a resumed run repeats the draws of an
+            uninterrupted one.
+        loss_chunk_size (`int`): positions per LM-head chunk in the loss (bounds the logits memory).
+        remove_unused_columns (`bool`): must stay False: the LongSpec collators read raw columns (`text`,
+            `messages`) that the draft's `forward` does not take.
+
+    Raises: ValueError from `__post_init__` for a negative sink count, non-positive lengths, `noise_max` < 1 or
+        `remove_unused_columns=True`.
+    Reference: LongSpec §3.2 (Alg. 1 anchor-offset, Alg. 2 flash noisy training); transformers `TrainingArguments`.
+    """
+
+    anchor_offset: bool = field(
+        default=True,
+        metadata={"help": "Shift positions after the attention sinks by a random offset on short sequences."},
+    )
+    anchor_sinks: int = field(
+        default=4, metadata={"help": "Leading positions kept in place by anchor-offset (attention sinks)."}
+    )
+    anchor_max_length: int = field(
+        default=2048,
+        metadata={"help": "Anchor-offset applies only to sequences shorter than this many tokens."},
+    )
+    max_position: int | None = field(
+        default=None,
+        metadata={"help": "Largest position id + 1 anchor-offset may draw; default: target max_position_embeddings."},
+    )
+    noisy_training: bool = field(
+        default=True,
+        metadata={"help": "Flash noisy training: the draft sees target KV up to j tokens back, j ~ U[1, noise_max]."},
+    )
+    noise_max: int = field(
+        default=4, metadata={"help": "Largest noise offset j (gamma - 1 for a tree of depth gamma)."}
+    )
+    index_seed: int | None = field(
+        default=None, metadata={"help": "Seed of the anchor-offset / noise draws; default: --seed."}
+    )
+    loss_chunk_size: int = field(
+        default=2048, metadata={"help": "Positions per LM-head chunk in the draft loss (bounds logits memory)."}
+    )
+    remove_unused_columns: bool = field(
+        default=False,
+        metadata={"help": "Must be False for LongSpec training: the collators read raw text/messages columns."},
+    )
+
+    def __post_init__(self):
+        if self.remove_unused_columns:
+            raise ValueError(
+                "remove_unused_columns=True would strip the columns the LongSpec collators read (text, messages, "
+                "labels); leave it at False for LongSpecTrainingArguments"
+            )
+        if self.anchor_sinks < 0:
+            raise ValueError(f"anchor_sinks must be >= 0 (4 in the paper), got {self.anchor_sinks}")
+        if self.anchor_max_length < 1:
+            raise ValueError(f"anchor_max_length must be a positive number of tokens, got {self.anchor_max_length}")
+        if self.max_position is not None and self.max_position < 1:
+            raise ValueError(f"max_position must be a positive number of tokens or None, got {self.max_position}")
+        if self.noise_max < 1:
+            raise ValueError(f"noise_max must be >= 1 (1 = no noise, 4 in the paper), got {self.noise_max}")
+        if self.loss_chunk_size < 1:
+            raise ValueError(f"loss_chunk_size must be >= 1, got {self.loss_chunk_size}")
+        super().__post_init__()
+
+
+# Values a plain `TrainingArguments` falls back to inside `LongSpecTrainer`.
+LONGSPEC_DEFAULTS = {
+    name: LongSpecTrainingArguments.__dataclass_fields__[name].default
+    for name in (
+        "anchor_offset", "anchor_sinks", "anchor_max_length", "max_position", "noisy_training", "noise_max",
+        "index_seed", "loss_chunk_size",
+    )
+}

@@ -1,0 +1,212 @@
+"""`LongSpecTrainer`: train a LongSpec draft against a frozen target with the stock transformers `Trainer`.
+
+Each step:
+
+    positions = anchor_offset_position_ids(...)            # short sequences only (Alg. 1); else 0..seq-1
+    j         = sample_noise_offset(noise_max)              # flash noisy training (Alg. 2); 1 = no noise
+    K, V      = target's last-layer KV cache at `positions` # frozen target, no_grad, decoder only (no LM head)
+    loss      = draft(input_ids, K, V, position_ids=positions, labels=labels, noise_offset=j).loss
+
+Only `compute_loss` and `prediction_step` are overridden; batching, bf16 autocast, gradient accumulation,
+logging, evaluation, checkpointing and resuming are the `Trainer`'s. The target is held on the trainer (never a
+submodule of the draft), so optimizers and checkpoints only ever see draft weights; a checkpoint folder loads with
+`LongSpecDraft.from_pretrained(folder, target_model=target)`. A PEFT (LoRA) wrapped draft trains the same way and
+checkpoints its adapter (see `trainers/lora.py`).
+
+Reference: LongSpec (arXiv 2502.17421) §3.2; transformers `Trainer.compute_loss` / `prediction_step`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import Trainer, TrainingArguments
+from transformers.utils import logging
+
+from transformers_longspec.modeling import LongSpecDraft
+
+from .anchor_offset import anchor_offset_position_ids
+from .arguments import LONGSPEC_DEFAULTS, LongSpecTrainingArguments
+from .noisy import sample_noise_offset
+
+__all__ = ["LongSpecTrainer", "target_last_layer_kv", "unwrap_draft"]
+
+logger = logging.get_logger(__name__)
+
+
+def target_last_layer_kv(target, input_ids, position_ids, attention_mask=None):
+    """Run the frozen target's decoder (no LM head) and return its last layer's KV cache.
+
+    Args:
+        target: the target `*ForCausalLM`.
+        input_ids: (batch, seq) int64.
+        position_ids: (batch, seq) int64, e.g. anchor-offset ids; the draft must get the same ones.
+        attention_mask: (batch, seq) int64 (1 = token, 0 = right padding); None = all ones. Always passed
+            explicitly: without it transformers reads position-id jumps (anchor-offset!) as packed sequences and
+            would hide the attention sinks from the later tokens.
+    Returns: (keys, values), each (batch, n_kv_heads, seq, head_dim) in the target's dtype, post-RoPE, no grad.
+    Reference: LongSpec §3.2 (the draft is trained on the target's own KV cache); transformers `DynamicCache`.
+    """
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    with torch.no_grad():
+        out = target.get_decoder()(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True
+        )
+    cache = out.past_key_values if "past_key_values" in out else out["cache"]  # renamed `cache` in transformers 5.24
+    layer = cache.layers[-1]
+    return layer.keys, layer.values
+
+
+def unwrap_draft(model) -> LongSpecDraft:
+    """The `LongSpecDraft` inside `model` (itself, or the base model of a PEFT wrapper).
+
+    Raises: TypeError if `model` is not a draft (build one with `LongSpecDraft.from_target(target)`).
+    Reference: peft `PeftModel.get_base_model`.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
+    if not isinstance(base, LongSpecDraft):
+        raise TypeError(
+            f"LongSpecTrainer trains a LongSpecDraft (optionally wrapped by peft), got {type(base).__name__}; "
+            "build one with LongSpecDraft.from_target(target) or "
+            "LongSpecDraft.from_pretrained(path, target_model=target)"
+        )
+    return base
+
+
+class LongSpecTrainer(Trainer):
+    """`Trainer` for a LongSpec draft; the frozen target supplies the KV cache the draft reads.
+
+    Args:
+        model: the draft (`LongSpecDraft`, or a PEFT model wrapping one).
+        args: `LongSpecTrainingArguments` (a plain `TrainingArguments` gets the LongSpec defaults and
+            `remove_unused_columns=False`, with a warning if it was True).
+        target_model: the target `*ForCausalLM` the draft was built for. It is put in eval mode, frozen, moved to
+            `args.device` and cast to bf16 / fp16 when `args.bf16` / `args.fp16` (else it keeps its dtype), in place.
+        **kwargs: the other `Trainer` arguments (`train_dataset`, `eval_dataset`, `data_collator`, `callbacks`, ...).
+            Batches need `input_ids` (batch, seq) int64 and may carry `labels` (-100 = ignored), `attention_mask`
+            (right padding only) and `position_ids` (used as given, e.g. for long documents).
+    Raises: ValueError if `target_model` is missing or, without bf16/fp16 autocast, has another dtype than the
+        draft; TypeError if `model` is not a draft.
+    Reference: LongSpec §3.2; transformers `Trainer`.
+    """
+
+    def __init__(self, model=None, args: TrainingArguments | None = None, target_model=None, **kwargs):
+        if target_model is None:
+            raise ValueError(
+                "LongSpecTrainer needs the frozen target: LongSpecTrainer(model=draft, target_model=target, ...)"
+            )
+        if model is None:
+            raise ValueError("LongSpecTrainer needs the draft to train: model=LongSpecDraft.from_target(target)")
+        args = args if args is not None else LongSpecTrainingArguments(output_dir="trainer_output")
+        if args.remove_unused_columns:
+            logger.warning("LongSpecTrainer: setting remove_unused_columns=False (the collators read raw columns)")
+            args.remove_unused_columns = False
+        draft = unwrap_draft(model)
+        target_model = _freeze_target(target_model, args, draft)
+        if draft.target_model is not target_model:
+            draft.attach_target(target_model)
+        super().__init__(model=model, args=args, **kwargs)
+        self.target_model = target_model
+        self._draw_step, self._draw_micro = -1, 0
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Draft next-token loss on the target's KV cache for one (micro-)batch.
+
+        In training mode the position ids are anchor-offset (sequences shorter than `anchor_max_length`) and the
+        noise offset j is drawn in [1, noise_max]; in eval mode positions are 0..seq-1 and j = 1, so evaluation
+        losses are comparable across runs. `num_items_in_batch` is unused: the draft returns a per-batch mean and
+        the Trainer divides by the accumulation steps (`LongSpecDraft.accepts_loss_kwargs = False`).
+
+        Args:
+            model: the (possibly wrapped) draft.
+            inputs: dict with `input_ids` (batch, seq) int64 and optional `labels`, `attention_mask`, `position_ids`.
+            return_outputs: also return the `LongSpecDraftOutput`.
+            num_items_in_batch: ignored (see above).
+        Returns: () fp32 loss, or (loss, outputs).
+        Reference: LongSpec §3.2, Alg. 1-2; transformers `Trainer.compute_loss`.
+        """
+        input_ids = inputs["input_ids"]
+        attention_mask = inputs.get("attention_mask")
+        labels = inputs.get("labels")
+        if labels is None:
+            labels = input_ids if attention_mask is None else input_ids.masked_fill(attention_mask == 0, -100)
+        training = model.training
+        generator = self._index_generator() if training else None
+        position_ids = inputs.get("position_ids")
+        if position_ids is None:
+            position_ids = self._position_ids(input_ids, generator)
+        noise = 1
+        if training and self._option("noisy_training"):
+            noise = sample_noise_offset(self._option("noise_max"), generator)
+        keys, values = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask)
+        outputs = model(
+            input_ids=input_ids, target_keys=keys, target_values=values, position_ids=position_ids, labels=labels,
+            noise_offset=noise, loss_chunk_size=self._option("loss_chunk_size"),
+        )
+        loss = outputs.loss
+        if training and not loss.requires_grad:  # no supervised token in the batch: a zero step, not a crash
+            logger.warning_once("LongSpecTrainer: a batch has no supervised tokens (all labels -100); check the data")
+            loss = loss + 0.0 * outputs.hidden_states.sum()
+        return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Evaluation loss only (the draft's hidden states are not logits; nothing else is gathered).
+
+        Returns: (() fp32 loss, None, None).
+        Reference: transformers `Trainer.prediction_step`.
+        """
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    # ------------------------------------------------------------------ helpers (not Trainer hooks)
+    def _option(self, name: str):
+        """A LongSpec option from `self.args`, or its default for a plain `TrainingArguments`."""
+        return getattr(self.args, name, LONGSPEC_DEFAULTS[name])
+
+    def _position_ids(self, input_ids: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """(batch, seq) int64: anchor-offset ids when training on short sequences, else 0..seq-1."""
+        batch, seq = input_ids.shape
+        if generator is not None and self._option("anchor_offset") and seq < self._option("anchor_max_length"):
+            max_position = self._option("max_position")
+            max_position = max_position or self.target_model.config.get_text_config().max_position_embeddings
+            return anchor_offset_position_ids(
+                seq, max_position, self._option("anchor_sinks"), generator, batch, input_ids.device
+            )
+        return torch.arange(seq, device=input_ids.device).expand(batch, seq)
+
+    def _index_generator(self) -> torch.Generator:
+        """CPU generator for this micro-step, seeded from (index_seed, process, global step, micro-step).
+
+        Deriving the seed from the step (instead of one running generator) makes a resumed run draw exactly what
+        an uninterrupted run would have drawn.
+        """
+        step = self.state.global_step
+        self._draw_micro = self._draw_micro + 1 if step == self._draw_step else 0
+        self._draw_step = step
+        seed = self._option("index_seed")
+        seed = self.args.seed if seed is None else seed
+        entropy = [abs(int(seed)), self.args.process_index, step, self._draw_micro]
+        state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]
+        return torch.Generator().manual_seed(int(state))
+
+
+def _freeze_target(target, args: TrainingArguments, draft: LongSpecDraft):
+    """Eval mode, no grads, on `args.device`, in bf16/fp16 under mixed precision; check dtypes against the draft."""
+    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else next(target.parameters()).dtype
+    target.eval().requires_grad_(False)
+    target.to(device=args.device, dtype=dtype)
+    draft_dtype = next(draft.parameters()).dtype
+    if not (args.bf16 or args.fp16) and draft_dtype != dtype:
+        raise ValueError(
+            f"the target is {dtype} and the draft {draft_dtype}; without autocast both must match. Set bf16=True "
+            "(mixed precision: fp32 draft weights, bf16 target) or cast them to one dtype"
+        )
+    if (args.bf16 or args.fp16) and draft_dtype != torch.float32:
+        logger.warning(
+            f"the draft's weights are {draft_dtype}: AdamW updates on half-precision weights lose small steps; "
+            "keep the draft in fp32 (draft.float()) and let bf16=True autocast the compute"
+        )
+    return target
