@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import FAMILIES
 
 import transformers_longspec  # noqa: F401  (installs the generate hook)
+
+from tiny_models import FAMILIES
 
 # The repository sits beside shared/ (here and in CI).
 EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"

@@ -5,15 +5,16 @@ import torch
 from transformers import TextStreamer, pipeline
 
 from transformers_longspec import LongSpecDraft
-from transformers_longspec.demo import eval_prompt
+from transformers_longspec.demo import DEFAULT_DRAFT_DIR, eval_prompt
 
 SHAPES = [[4, 16, 16, 16, 16], [1, 1, 1, 1], [], [3, 2], [2, 4, 4]]
 
 
 @pytest.fixture(scope="module")
 def target_and_draft(smollm2):
+    """The real target with the bundled trained draft (accepts deep paths: compaction is exercised)."""
     target, tokenizer = smollm2
-    return target, tokenizer, LongSpecDraft.from_target(target)
+    return target, tokenizer, LongSpecDraft.from_pretrained(DEFAULT_DRAFT_DIR, target_model=target)
 
 
 def _prompts(tokenizer, eval_rows):
@@ -31,7 +32,7 @@ def test_greedy_identical_on_real_documents(target_and_draft, eval_rows):
     target, tokenizer, draft = target_and_draft
     prompts = _prompts(tokenizer, eval_rows)
     assert len(prompts) >= 20
-    hit_eos = 0
+    hit_eos = accepted = 0
     for i, ids in enumerate(prompts):
         widths = SHAPES[i % len(SHAPES)]
         new = 1 if i == 0 else 16
@@ -40,7 +41,9 @@ def test_greedy_identical_on_real_documents(target_and_draft, eval_rows):
                                longspec_beam_widths=widths)
         assert torch.equal(plain, spec), f"prompt {i} (tree {widths}) diverged"
         hit_eos += int(spec[0, -1]) == target.generation_config.eos_token_id and spec.shape[1] < ids.shape[1] + new
+        accepted = max(accepted, max(draft.last_generation_stats.accepted_lengths, default=0))
     assert hit_eos >= 1
+    assert accepted >= 3  # the trained draft got multi-token paths accepted somewhere
 
 
 def test_pipeline_and_streamer(target_and_draft, eval_rows, capsys):

@@ -10,7 +10,6 @@ deliberately wrong rule (greedy matching of children, sampled bonus) must exceed
 
 import pytest
 import torch
-from tiny_models import make_target
 from transformers import (
     LogitsProcessorList,
     NoRepeatNGramLogitsProcessor,
@@ -23,6 +22,8 @@ from transformers import (
 from transformers_longspec import LongSpecDraft
 from transformers_longspec.tree import DraftTree, tree_layout
 from transformers_longspec.verification import choose_next_tokens, deepest_accepted, process_tree_logits
+
+from tiny_models import make_target
 
 VOCAB, TRIALS = 6, 200_000
 TABLE = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(0)) * 1.5

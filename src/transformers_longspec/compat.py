@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 from contextlib import contextmanager
 
-import torch
 from packaging import version
 from transformers import AttentionInterface, AutoConfig, AutoModel, DynamicCache, GenerationConfig
 from transformers import __version__ as transformers_version
@@ -56,6 +55,9 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
         if model_kwargs.pop(name, None) is not None and name == "assistant_tokenizer":
             raise ValueError("a LongSpec draft shares the target's tokenizer; do not pass assistant_tokenizer")
     beam_widths = model_kwargs.pop("longspec_beam_widths", None)
+    unknown = sorted(k for k in model_kwargs if k.startswith("longspec_"))
+    if unknown:
+        raise ValueError(f"unknown LongSpec option(s) {unknown}; the per-call option is longspec_beam_widths")
     return longspec_tree_decode(self, assistant_model, input_ids, logits_processor, stopping_criteria,
                                 generation_config, streamer=streamer, beam_widths=beam_widths, **model_kwargs)
 
@@ -86,7 +88,9 @@ def install() -> None:
     Raises: ImportError if the installed transformers is older than 5.17.
     """
     if version.parse(transformers_version) < MIN_TRANSFORMERS:
-        raise ImportError(f"transformers-longspec needs transformers>={MIN_TRANSFORMERS}, found {transformers_version}")
+        raise ImportError(
+            f"transformers-longspec needs transformers>={MIN_TRANSFORMERS}, found {transformers_version}"
+        )
     from .attention import longspec_attention_forward
     from .configuration import LongSpecConfig
     from .modeling import LongSpecDraft
@@ -140,7 +144,9 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
             f"LongSpec decoding supports batch size 1, got {input_ids.shape[0]} prompts; call generate per prompt"
         )
     if input_ids.shape[1] == 0:
-        raise ValueError("the prompt is empty; pass at least one token (e.g. the BOS token)")
+        raise ValueError(
+            "the prompt is empty; LongSpec needs input_ids with at least one token (inputs_embeds is not supported)"
+        )
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):
         raise ValueError("the prompt contains padding (attention_mask has zeros); pass the unpadded prompt")
@@ -154,6 +160,7 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
         )
     if generation_config.output_attentions or generation_config.output_hidden_states:
         raise ValueError("output_attentions / output_hidden_states are not available with LongSpec decoding")
+    draft.check_target_sizes(target)
     shared = draft._shared
     if shared is None or shared.embed_tokens is not target.get_input_embeddings():
         raise ValueError(
@@ -169,7 +176,8 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
     limit = target.config.get_text_config().max_position_embeddings
     if generation_config.max_length > limit:
         raise ValueError(
-            f"prompt + max_new_tokens = {generation_config.max_length} tokens exceeds the target's context of {limit}; "
+            f"prompt + max_new_tokens = {generation_config.max_length} tokens exceeds the target's context of "
+            f"{limit}; "
             "shorten the prompt or lower max_new_tokens"
         )
 

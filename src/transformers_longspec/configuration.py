@@ -129,7 +129,9 @@ class LongSpecConfig(PreTrainedConfig):
                 f"({self.num_key_value_heads}); copy both from the target with LongSpecConfig.from_target_config"
             )
         if isinstance(self.sliding_window, bool) or self.sliding_window < 1:
-            raise ValueError(f"sliding_window must be a positive number of tokens (default 512), got {self.sliding_window!r}")
+            raise ValueError(
+                f"sliding_window must be a positive number of tokens (default 512), got {self.sliding_window!r}"
+            )
 
     @classmethod
     def from_target_config(cls, target_config, **overrides) -> LongSpecConfig:

@@ -136,7 +136,9 @@ def resolve_beam_widths(draft, generation_config: GenerationConfig, override=Non
     widths = draft.config.beam_widths if widths is None else widths
     widths = validate_beam_widths(widths, draft.config.vocab_size)
     if len(widths) >= draft.config.sliding_window:
-        raise ValueError(f"a tree of depth {len(widths)} needs sliding_window > depth, got {draft.config.sliding_window}")
+        raise ValueError(
+            f"a tree of depth {len(widths)} needs sliding_window > depth, got {draft.config.sliding_window}"
+        )
     return widths
 
 

@@ -241,6 +241,27 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             or head_dim differ from this draft's config (a draft trained for another target).
         Reference: LongSpec §3.1 (shared embedding and LM head).
         """
+        self.check_target_sizes(target_model)
+        decoder = target_model.get_decoder()
+        self.__dict__["_shared"] = _SharedTarget(
+            model=weakref.ref(target_model),
+            embed_tokens=target_model.get_input_embeddings(),
+            lm_head=target_model.get_output_embeddings(),
+            rotary_emb=decoder.rotary_emb,
+        )
+        return self
+
+    def get_input_embeddings(self):
+        """The target's (shared) token embedding, or None before `attach_target`."""
+        return None if self._shared is None else self._shared.embed_tokens
+
+    def check_target_sizes(self, target_model) -> None:
+        """Raise ValueError unless `target_model` is a supported target with this draft's vocabulary and sizes.
+
+        Raises: ValueError naming the unsupported architecture, or every size that differs (vocab_size,
+            hidden_size, num_attention_heads, num_key_value_heads, head_dim), with the fix.
+        Reference: LongSpec §3.1 (the draft shares the target's embedding, LM head and KV layout).
+        """
         text = target_model.config.get_text_config()
         check_target_config(text)
         c = self.config
@@ -261,18 +282,6 @@ class LongSpecDraft(LongSpecPreTrainedModel):
                 f"this draft was built for another target ({detail}); build one for this target with "
                 "LongSpecDraft.from_target(target) or load the draft trained for it"
             )
-        decoder = target_model.get_decoder()
-        self.__dict__["_shared"] = _SharedTarget(
-            model=weakref.ref(target_model),
-            embed_tokens=target_model.get_input_embeddings(),
-            lm_head=target_model.get_output_embeddings(),
-            rotary_emb=decoder.rotary_emb,
-        )
-        return self
-
-    def get_input_embeddings(self):
-        """The target's (shared) token embedding, or None before `attach_target`."""
-        return None if self._shared is None else self._shared.embed_tokens
 
     @property
     def target_model(self):
@@ -290,15 +299,14 @@ class LongSpecDraft(LongSpecPreTrainedModel):
     @torch.no_grad()
     def _copy_from_target(self, target_model) -> None:
         last = target_model.get_decoder().layers[-1]
-        pairs = [
-            (self.block.self_attn.q_proj, last.self_attn.q_proj), (self.block.self_attn.k_proj, last.self_attn.k_proj),
-            (self.block.self_attn.v_proj, last.self_attn.v_proj), (self.block.self_attn.o_proj, last.self_attn.o_proj),
-            (self.block.cross_attn.q_proj, last.self_attn.q_proj), (self.block.cross_attn.o_proj, last.self_attn.o_proj),
-            (self.block.mlp.gate_proj, last.mlp.gate_proj), (self.block.mlp.up_proj, last.mlp.up_proj),
-            (self.block.mlp.down_proj, last.mlp.down_proj),
-            (self.block.input_layernorm, last.input_layernorm),
-            (self.block.post_self_attention_layernorm, last.input_layernorm),
-            (self.block.post_cross_attention_layernorm, last.post_attention_layernorm),
+        block, attn = self.block, last.self_attn
+        pairs = [(getattr(block.self_attn, n), getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        pairs += [(getattr(block.cross_attn, n), getattr(attn, n)) for n in ("q_proj", "o_proj")]
+        pairs += [(getattr(block.mlp, n), getattr(last.mlp, n)) for n in ("gate_proj", "up_proj", "down_proj")]
+        pairs += [
+            (block.input_layernorm, last.input_layernorm),
+            (block.post_self_attention_layernorm, last.input_layernorm),
+            (block.post_cross_attention_layernorm, last.post_attention_layernorm),
             (self.norm, target_model.get_decoder().norm),
         ]
         for mine, theirs in pairs:

@@ -11,6 +11,7 @@ import os
 
 import pytest
 import torch
+
 from transformers_longspec.kernels import triton_available
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

@@ -2,6 +2,16 @@
 
 import pytest
 import torch
+
+from transformers_longspec.kernels import (
+    fused_mask_attn,
+    fused_mask_attn_ref,
+    merge_attention_states,
+    merge_attention_states_ref,
+    prefix_attn,
+    prefix_attn_ref,
+)
+
 from kernel_helpers import (
     KERNEL_DEVICE,
     MASK_KINDS,
@@ -12,14 +22,6 @@ from kernel_helpers import (
     random_parents,
     random_qkv,
     tree_ancestor_mask,
-)
-from transformers_longspec.kernels import (
-    fused_mask_attn,
-    fused_mask_attn_ref,
-    merge_attention_states,
-    merge_attention_states_ref,
-    prefix_attn,
-    prefix_attn_ref,
 )
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

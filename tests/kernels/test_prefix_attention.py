@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_helpers import assert_within_ref_bound, max_abs_err, needs_gpu, random_qkv
+
 from transformers_longspec.kernels import prefix_attn, prefix_attn_ref
 from transformers_longspec.kernels.prefix_attention import (
     _HAS_FLASH_ATTN,
@@ -11,6 +11,8 @@ from transformers_longspec.kernels.prefix_attention import (
     _pack_gqa,
     _sdpa_flash_equal_heads,
 )
+
+from kernel_helpers import assert_within_ref_bound, max_abs_err, needs_gpu, random_qkv
 
 GQA = ((4, 4), (4, 2), (8, 2), (8, 1))  # ratios 1, 2, 4, 8
 

@@ -9,6 +9,10 @@ import sys
 
 import pytest
 import torch
+
+from transformers_longspec.kernels import triton_available
+from transformers_longspec.kernels.tree_attention import fused_mask_attn, fused_mask_attn_ref
+
 from kernel_helpers import (
     KERNEL_DEVICE,
     MASK_KINDS,
@@ -20,8 +24,6 @@ from kernel_helpers import (
     random_qkv,
     tree_ancestor_mask,
 )
-from transformers_longspec.kernels import triton_available
-from transformers_longspec.kernels.tree_attention import fused_mask_attn, fused_mask_attn_ref
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # (batch, q_len, kv_len, head_dim): a tiny tree, a ragged block that spans two key blocks, a wide head.

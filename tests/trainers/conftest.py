@@ -1,6 +1,7 @@
 """Fixtures for the trainer tests."""
 
 import pytest
+
 from trainer_helpers import make_char_tokenizer
 
 

@@ -5,6 +5,7 @@ import torch
 
 from transformers_longspec.trainers import anchor_offset_position_ids
 
+
 def test_exact_indices_with_seeded_generator():
     pos = anchor_offset_position_ids(8, 100, sinks=4, generator=torch.Generator().manual_seed(0), batch=3)
     offsets = torch.randint(0, 100 - 8 + 1, (3, 1), generator=torch.Generator().manual_seed(0))

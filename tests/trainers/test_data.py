@@ -22,6 +22,7 @@ from transformers_longspec.trainers.sources import _is_excluded, _stdlib_roots
 from tiny_models import make_target
 from trainer_helpers import make_char_tokenizer
 
+
 def test_pack_texts_exact_blocks(char_tokenizer):
     blocks = pack_texts(["abc", "de", "fghij"], char_tokenizer, seq_length=4)
     eos = char_tokenizer.eos_token_id

@@ -16,6 +16,7 @@ from transformers_longspec.trainers import (
 
 from tiny_models import make_target
 
+
 def test_noise_offset_range_and_reproducibility():
     g = torch.Generator().manual_seed(0)
     draws = [sample_noise_offset(4, g) for _ in range(400)]
