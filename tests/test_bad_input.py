@@ -1,11 +1,12 @@
-"""Calls LongSpec cannot honour fail before any work with an error naming the problem and the fix; the next call works."""
+"""Calls LongSpec cannot honour fail before any work, naming the problem and the fix; the next call still works."""
 
 import pytest
 import torch
-from tiny_models import make_target
 from transformers import DynamicCache
 
 from transformers_longspec import LongSpecDraft
+
+from tiny_models import make_target
 
 IDS = torch.randint(3, 99, (1, 12), generator=torch.Generator().manual_seed(0))
 
