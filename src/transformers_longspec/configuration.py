@@ -83,7 +83,7 @@ class LongSpecConfig(PreTrainedConfig):
         bos_token_id, eos_token_id, pad_token_id: copied from the target so that `pipeline` and `generate`
             accept the draft as an assistant without a second tokenizer.
 
-    Raises: ValueError from `__init__` if heads do not divide, the window is not positive, or the tree shape
+    Raises: ValueError when built if heads do not divide, the window is not positive, or the tree shape
         is invalid.
     Reference: LongSpec §3.1; transformers `PreTrainedConfig`.
     """
@@ -119,19 +119,18 @@ class LongSpecConfig(PreTrainedConfig):
         if self.beam_widths is None:
             self.beam_widths = list(DEFAULT_BEAM_WIDTHS)
         self.beam_widths = list(validate_beam_widths(self.beam_widths, self.vocab_size))
-        super().__post_init__(**kwargs)
-
-    def validate_architecture(self):
-        """Raise ValueError if heads do not divide or the window is not positive (called by `@strict`)."""
+        # checked here rather than in a @strict validator, which would wrap the ValueError in its own exception type
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
                 f"({self.num_key_value_heads}); copy both from the target with LongSpecConfig.from_target_config"
             )
-        if isinstance(self.sliding_window, bool) or self.sliding_window < 1:
+        window = self.sliding_window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(
                 f"sliding_window must be a positive number of tokens (default 512), got {self.sliding_window!r}"
             )
+        super().__post_init__(**kwargs)
 
     @classmethod
     def from_target_config(cls, target_config, **overrides) -> LongSpecConfig:
