@@ -144,10 +144,9 @@ class LongSpecTrainer(Trainer):
             input_ids=input_ids, target_keys=keys, target_values=values, position_ids=position_ids, labels=labels,
             noise_offset=noise, loss_chunk_size=self._option("loss_chunk_size"),
         )
-        loss = outputs.loss
-        if training and not loss.requires_grad:  # no supervised token in the batch: a zero step, not a crash
+        loss = outputs.loss  # stays in the graph (zero) when a batch has no supervised token
+        if training and not bool((labels[:, 1:] != -100).any()):
             logger.warning_once("LongSpecTrainer: a batch has no supervised tokens (all labels -100); check the data")
-            loss = loss + 0.0 * outputs.hidden_states.sum()
         return (loss, outputs) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
