@@ -12,7 +12,7 @@ DRAFT=${DRAFT:-$HOME/draft-smollm2}
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 case "$1" in
   train)
-    python3 -m transformers_longspec.cli train --recipe smollm2-gpu --target "$TARGET" --output "$DRAFT" 2>&1 \
+    python3 -m transformers_longspec.cli train --recipe smollm2-gpu --target "$TARGET" --output "$DRAFT" --save-dtype bf16 2>&1 \
       | grep -v "it/s\]$" | tee "$OUT/train.log"
     cp "$DRAFT"/config.json "$DRAFT"/model.safetensors "$DRAFT"/longspec_training.json "$OUT"/ ;;
   eval)

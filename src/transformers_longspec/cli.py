@@ -1,6 +1,6 @@
 """`longspec` command line: `demo`, `generate`, `train`.
 
-    longspec demo                         # SmolLM2-135M-Instruct + our trained draft on a real 1835 address
+    longspec demo                         # SmolLM2-135M-Instruct + our trained draft on a real repository file
     longspec generate --target smollm2 --prompt "Write a haiku about GPUs." --chat
     longspec train --help
 
@@ -19,7 +19,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from .cli_train import add_train_parser, load_target, run_train
-from .configuration import LongSpecConfig, validate_beam_widths
+from .configuration import LongSpecConfig, size_mismatches, validate_beam_widths
 
 ASSETS = Path(__file__).parent / "assets"
 # Real long documents for the demo (evaluation material, never training data): CPython's email package (PSF
@@ -83,9 +83,7 @@ def _bundled_draft_fits(target) -> bool:
     if not (DEFAULT_DRAFT_DIR / "config.json").exists():
         return False
     bundled, text = LongSpecConfig.from_pretrained(DEFAULT_DRAFT_DIR), target.config.get_text_config()
-    sizes = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers")
-    return [getattr(text, k) for k in sizes] == [getattr(bundled, k, None) for k in sizes[:-1]] + [
-        bundled.target_num_hidden_layers]
+    return not size_mismatches(bundled, text) and bundled.target_num_hidden_layers == text.num_hidden_layers
 
 
 def load_draft(path: str | None, target):

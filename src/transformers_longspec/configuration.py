@@ -148,13 +148,7 @@ class LongSpecConfig(PreTrainedConfig):
         """
         text = target_config.get_text_config()
         check_target_config(text)
-        fixed = {
-            "vocab_size": text.vocab_size,
-            "hidden_size": text.hidden_size,
-            "num_attention_heads": text.num_attention_heads,
-            "num_key_value_heads": text.num_key_value_heads or text.num_attention_heads,
-            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-        }
+        fixed = target_fixed_sizes(text)
         clash = sorted(k for k in overrides if k in fixed and overrides[k] != fixed[k])
         if clash:
             raise ValueError(
@@ -178,6 +172,30 @@ class LongSpecConfig(PreTrainedConfig):
         }
         values.update(overrides)
         return cls(**values)
+
+
+def target_fixed_sizes(text_config) -> dict[str, int]:
+    """The sizes a draft must share with its target: vocab_size, hidden_size, query/KV heads, head_dim.
+
+    Args:
+        text_config: the target's text `PreTrainedConfig`.
+    Returns: dict of those five ints (KV heads and head_dim derived as transformers does when unset).
+    Reference: LongSpec §3.1 (shared embedding and LM head; the cross-attention reads the target's KV cache).
+    """
+    heads = text_config.num_attention_heads
+    return {
+        "vocab_size": text_config.vocab_size,
+        "hidden_size": text_config.hidden_size,
+        "num_attention_heads": text_config.num_attention_heads,
+        "num_key_value_heads": text_config.num_key_value_heads or text_config.num_attention_heads,
+        "head_dim": getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
+    }
+
+
+def size_mismatches(draft_config: LongSpecConfig, text_config) -> dict[str, tuple[int, int]]:
+    """{size name: (draft value, target value)} for every size in `target_fixed_sizes` that differs."""
+    return {k: (getattr(draft_config, k), v) for k, v in target_fixed_sizes(text_config).items()
+            if getattr(draft_config, k) != v}
 
 
 def check_target_config(text_config) -> None:
@@ -209,4 +227,7 @@ def check_target_config(text_config) -> None:
         )
 
 
-__all__ = ["LongSpecConfig", "validate_beam_widths", "check_target_config", "SUPPORTED_TARGET_TYPES"]
+__all__ = [
+    "LongSpecConfig", "validate_beam_widths", "check_target_config", "target_fixed_sizes", "size_mismatches",
+    "SUPPORTED_TARGET_TYPES",
+]

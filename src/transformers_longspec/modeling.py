@@ -27,7 +27,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, rotate_half
 from transformers.utils import ModelOutput
 
-from .configuration import LongSpecConfig, check_target_config
+from .configuration import LongSpecConfig, check_target_config, size_mismatches
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -264,18 +264,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         """
         text = target_model.config.get_text_config()
         check_target_config(text)
-        c = self.config
-        want = {
-            "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "num_attention_heads": c.num_attention_heads,
-            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-        }
-        have = {
-            "vocab_size": text.vocab_size, "hidden_size": text.hidden_size,
-            "num_attention_heads": text.num_attention_heads,
-            "num_key_value_heads": text.num_key_value_heads or text.num_attention_heads,
-            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-        }
-        bad = {k: (want[k], have[k]) for k in want if want[k] != have[k]}
+        bad = size_mismatches(self.config, text)
         if bad:
             detail = ", ".join(f"{k}: draft {d} vs target {t}" for k, (d, t) in bad.items())
             raise ValueError(
