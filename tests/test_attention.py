@@ -43,5 +43,22 @@ def test_hybrid_equals_masked_attention(heads, kv_heads, head_dim, committed, tr
 def test_hybrid_rejects_short_keys():
     q = torch.randn(1, 2, 5, 8)
     k = torch.randn(1, 2, 3, 8)
-    with pytest.raises(ValueError, match="shorter than the tree"):
+    with pytest.raises(ValueError, match="shorter than the masked block"):
         hybrid_tree_attention(q, k, k, torch.eye(5, dtype=torch.bool), 0.3)
+
+
+@pytest.mark.parametrize("prefix,tail,visible", [(0, 8, 0), (0, 8, 5), (16, 8, 8), (40, 16, 3)])
+def test_hybrid_with_cache_tail_in_masked_block(prefix, tail, visible):
+    """Static-shape layout: [prefix | tail of the cache (first `visible` rows valid, rest garbage) | tree]."""
+    g = torch.Generator().manual_seed(prefix + tail + visible)
+    tree_size, heads, kv_heads, head_dim = 6, 4, 2, 16
+    q = torch.randn(1, heads, tree_size, head_dim, generator=g)
+    k = torch.randn(1, kv_heads, prefix + tail + tree_size, head_dim, generator=g)
+    v = torch.randn(1, kv_heads, prefix + tail + tree_size, head_dim, generator=g)
+    tree = _random_tree_mask(tree_size, g)
+    tail_visible = (torch.arange(tail) < visible).expand(tree_size, tail)
+    out = hybrid_tree_attention(q, k, v, torch.cat([tail_visible, tree], dim=1), head_dim**-0.5)
+    # the same attention with the garbage rows removed: the valid prefix + tail rows, then the tree
+    keep = torch.cat([torch.arange(prefix + visible), torch.arange(prefix + tail, prefix + tail + tree_size)])
+    expected = _reference(q, k[:, :, keep], v[:, :, keep], tree, head_dim**-0.5)
+    assert (out.double() - expected).abs().max().item() < 1e-5

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from transformers_longspec import LongSpecDraft
+from transformers_longspec import LongSpecDraft, static_step
 from transformers_longspec import generation as generation_module
 from transformers_longspec.tree import DraftTree, tree_layout
 
@@ -44,7 +44,8 @@ class _OracleTree:
     def __init__(self, continuation: torch.Tensor, widths):
         self.continuation, self.widths = continuation, widths
 
-    def __call__(self, draft, ring, root, root_position, target_keys, target_values, beam_widths):
+    def __call__(self, draft, ring, root, root_position, target_keys, target_values, beam_widths, **kwargs):
+        root_position = int(root_position)  # a device scalar with static shapes (CPU here: no graph to break)
         depths, ranges = tree_layout(beam_widths)
         size = depths.numel()
         g = torch.Generator().manual_seed(root_position)
@@ -66,15 +67,40 @@ class _OracleTree:
         return DraftTree(tokens, parents, depths, ancestors, torch.zeros(size))
 
 
+@pytest.fixture
+def small_tail(monkeypatch):
+    """Static-shape buckets of 8 tokens, so that a short generation crosses several of them."""
+    monkeypatch.setattr(static_step, "TAIL", 8)
+
+
+@pytest.mark.parametrize("widths", SHAPES, ids=str)
+def test_static_shapes_match_greedy(family, widths, small_tail):
+    target = make_target(family)
+    draft = LongSpecDraft.from_target(target, beam_widths=list(widths) or [1], init_from_target=False)
+    options = {"longspec_beam_widths": list(widths), "longspec_static_shapes": True}
+    engines = set()
+    for seed, length in [(2, 300), (1, 40), (0, 5)]:
+        ids = _prompt(seed, length)
+        plain, spec = _both(target, draft, ids, options, max_new_tokens=24)
+        assert torch.equal(plain, spec), (family, widths, seed)
+        engines.add(id(draft.__dict__["_static_step"]))
+    assert len(engines) == 1  # the buffers sized for the longest call were reused by the shorter ones
+    draft.free_static_buffers()
+    assert "_static_step" not in draft.__dict__
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
 @pytest.mark.parametrize("widths", [(4, 16, 16, 16, 16), (1, 1, 1), (3, 2)], ids=str)
-def test_oracle_draft_accepts_deep_paths_and_matches_greedy(family, widths, monkeypatch):
+def test_oracle_draft_accepts_deep_paths_and_matches_greedy(family, widths, static, small_tail, monkeypatch):
     target = make_target(family)
     draft = LongSpecDraft.from_target(target, beam_widths=list(widths))
     ids = _prompt(7, 50)
     plain = target.generate(ids, do_sample=False, max_new_tokens=40)
     oracle = _OracleTree(plain[0], widths)
     monkeypatch.setattr(generation_module, "grow_tree", oracle)
-    spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=40)
+    monkeypatch.setattr(static_step, "grow_tree", oracle)
+    spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=40,
+                           longspec_static_shapes=static)
     assert torch.equal(plain, spec)
     lengths = draft.last_generation_stats.accepted_lengths
     assert max(lengths) == len(widths) + 1  # full-depth acceptance happened

@@ -27,26 +27,31 @@ def _use_triton(query: torch.Tensor) -> bool:
 
 
 def hybrid_tree_attention(query, key, value, tree_mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention of tree queries over [committed cache; tree] with the ancestor mask on the tree part only.
+    """Attention of tree queries over [committed prefix; masked block] with a boolean mask on the last block only.
+
+    The keys split into an unmasked prefix (every query sees it: `prefix_attn`, flash with LSE) and the last
+    `tree_mask.shape[1]` keys under `tree_mask` (`fused_mask_attn`, Triton on CUDA, its exact reference elsewhere);
+    the two are merged by their LSEs. In the plain case the masked block is the tree itself (ancestor mask); the
+    static-shape decode step (`static_step.py`) also puts the tail of the committed cache there (visible rows set).
 
     Args:
         query: (batch, n_heads, tree_size, head_dim).
-        key, value: (batch, n_kv_heads, committed + tree_size, head_dim), the tree's own K/V last.
-        tree_mask: (tree_size, tree_size) bool, True where query i may see tree key j (ancestors and itself).
+        key, value: (batch, n_kv_heads, prefix + masked, head_dim), the masked block last.
+        tree_mask: (tree_size, masked) bool, True where query i may see key `prefix + j`.
         scale: softmax scale (1/sqrt(head_dim) for the supported targets).
     Returns: (batch, n_heads, tree_size, head_dim), dtype of `query`.
-    Raises: ValueError if the key length is shorter than the tree.
+    Raises: ValueError if the key length is shorter than the masked block.
     Reference: LongSpec §3.4.
     """
-    tree_size = query.shape[2]
-    committed = key.shape[2] - tree_size
-    if committed < 0:
-        raise ValueError(f"key length {key.shape[2]} is shorter than the tree ({tree_size} tokens)")
+    masked = tree_mask.shape[-1]
+    prefix = key.shape[2] - masked
+    if prefix < 0:
+        raise ValueError(f"key length {key.shape[2]} is shorter than the masked block ({masked} keys)")
     tree_attn = fused_mask_attn if _use_triton(query) else fused_mask_attn_ref
-    out_tree, lse_tree = tree_attn(query, key[:, :, committed:], value[:, :, committed:], tree_mask, scale)
-    if committed == 0:
+    out_tree, lse_tree = tree_attn(query, key[:, :, prefix:], value[:, :, prefix:], tree_mask, scale)
+    if prefix == 0:
         return out_tree
-    out_prefix, lse_prefix = prefix_attn(query, key[:, :, :committed], value[:, :, :committed], scale)
+    out_prefix, lse_prefix = prefix_attn(query, key[:, :, :prefix], value[:, :, :prefix], scale)
     out, _ = merge_attention_states(out_prefix, lse_prefix, out_tree, lse_tree)
     return out
 
@@ -65,7 +70,8 @@ def longspec_attention_forward(
     """The "longspec" attention function: hybrid tree attention for tree calls, SDPA otherwise.
 
     Args: as transformers attention functions — query (batch, n_heads, q_len, head_dim), key/value
-        (batch, n_kv_heads, kv_len, head_dim); `longspec_tree_mask` (q_len, q_len) bool marks a tree call.
+        (batch, n_kv_heads, kv_len, head_dim); `longspec_tree_mask` (q_len, masked) bool marks a tree call and
+        masks the last `masked` keys (see `hybrid_tree_attention`).
     Returns: (attn_output (batch, q_len, n_heads, head_dim), None).
     Reference: transformers `AttentionInterface` / `sdpa_attention_forward`.
     """

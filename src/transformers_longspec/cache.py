@@ -22,8 +22,31 @@ def _round_up(n: int, multiple: int = _GROWTH_ROUND) -> int:
     return -(-n // multiple) * multiple
 
 
+class _Storage:
+    """One tensor holding every layer's K and V: (num_layers, 2, batch, n_kv_heads, capacity, head_dim).
+
+    A single allocation lets `commit_path` move the accepted rows of all layers with two kernels instead of four per
+    layer. Allocated when the first layer sees its K/V (dtype, device and head layout are known only then).
+    """
+
+    def __init__(self, num_layers: int, capacity: int):
+        self.num_layers, self.capacity = num_layers, _round_up(max(int(capacity), 1))
+        self.tensor: torch.Tensor | None = None
+
+    def allocate(self, key_states: torch.Tensor) -> None:
+        batch, heads, _, dim = key_states.shape
+        self.tensor = key_states.new_zeros(self.num_layers, 2, batch, heads, self.capacity, dim)
+
+    def grow(self, needed: int, keep: int) -> None:
+        # Rare: only when a caller under-estimated the capacity. Doubling keeps the amortised cost O(1) per token.
+        capacity = _round_up(max(needed, 2 * self.capacity))
+        new = self.tensor.new_zeros(*self.tensor.shape[:4], capacity, self.tensor.shape[-1])
+        new[..., :keep, :] = self.tensor[..., :keep, :]
+        self.tensor, self.capacity = new, capacity
+
+
 class LongSpecCacheLayer(CacheLayerMixin):
-    """One target layer's K/V in a preallocated buffer with a length pointer.
+    """One target layer's K/V: a slice of the cache's single preallocated buffer, with a length pointer.
 
     `keys` / `values` are views `(batch, n_kv_heads, length, head_dim)` of the buffer, so code that reads
     `layer.keys` (transformers, the draft's cross-attention) sees exactly the committed + pending rows.
@@ -32,34 +55,35 @@ class LongSpecCacheLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = True
 
-    def __init__(self, capacity: int):
+    def __init__(self, storage: _Storage, index: int):
         super().__init__()
-        self.capacity = _round_up(max(int(capacity), 1))
+        self.storage, self.index = storage, index
         self.length = 0
-        self._key_buffer: torch.Tensor | None = None
-        self._value_buffer: torch.Tensor | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.storage.capacity
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        batch, heads, _, dim = key_states.shape
+        if self.storage.tensor is None:
+            self.storage.allocate(key_states)
         self.dtype, self.device = key_states.dtype, key_states.device
-        self._key_buffer = key_states.new_zeros(batch, heads, self.capacity, dim)
-        self._value_buffer = value_states.new_zeros(batch, heads, self.capacity, value_states.shape[-1])
         self.is_initialized = True
         self._refresh_views()
 
-    def _refresh_views(self) -> None:
-        self.keys = self._key_buffer[:, :, : self.length]
-        self.values = self._value_buffer[:, :, : self.length]
+    @property
+    def key_buffer(self) -> torch.Tensor:
+        """(batch, n_kv_heads, capacity, head_dim): the whole preallocated K buffer of this layer."""
+        return self.storage.tensor[self.index, 0]
 
-    def _grow(self, needed: int) -> None:
-        # Rare: only when a caller under-estimated the capacity. Doubling keeps the amortised cost O(1) per token.
-        new_capacity = _round_up(max(needed, 2 * self.capacity))
-        for name in ("_key_buffer", "_value_buffer"):
-            old = getattr(self, name)
-            new = old.new_zeros(*old.shape[:2], new_capacity, old.shape[-1])
-            new[:, :, : self.length] = old[:, :, : self.length]
-            setattr(self, name, new)
-        self.capacity = new_capacity
+    @property
+    def value_buffer(self) -> torch.Tensor:
+        """(batch, n_kv_heads, capacity, head_dim): the whole preallocated V buffer of this layer."""
+        return self.storage.tensor[self.index, 1]
+
+    def _refresh_views(self) -> None:
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Append `(batch, n_kv_heads, q_len, head_dim)` K/V after the current length; return the full views."""
@@ -67,9 +91,9 @@ class LongSpecCacheLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         start, n = self.length, key_states.shape[-2]
         if start + n > self.capacity:
-            self._grow(start + n)
-        self._key_buffer[:, :, start : start + n] = key_states
-        self._value_buffer[:, :, start : start + n] = value_states
+            self.storage.grow(start + n, keep=start)
+        self.key_buffer[:, :, start : start + n] = key_states
+        self.value_buffer[:, :, start : start + n] = value_states
         self.length = start + n
         self._refresh_views()
         return self.keys, self.values
@@ -83,6 +107,12 @@ class LongSpecCacheLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1  # grows on demand
 
+    def set_length(self, length: int) -> None:
+        """Move the length pointer to `length` tokens (rows after it are free; rows before it are kept as they are)."""
+        self.length = length
+        if self.is_initialized:
+            self._refresh_views()
+
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last `-tokens_to_remove` rows (transformers 5.x negative-count semantics).
 
@@ -90,56 +120,54 @@ class LongSpecCacheLayer(CacheLayerMixin):
         """
         if tokens_to_remove > 0:
             raise ValueError("LongSpecCacheLayer.crop takes a negative count of tokens to remove, e.g. crop(-3)")
-        self.length = max(0, self.length + tokens_to_remove)
-        if self.is_initialized:
-            self._refresh_views()
-
-    def commit_path(self, committed: int, path: torch.Tensor) -> None:
-        """Keep rows `committed + path` (in that order) at `committed ...`; drop every row after them.
-
-        Args:
-            committed: rows before the tree (tokens).
-            path: (n_accepted,) int64, tree-local indices of the accepted nodes, root first, increasing.
-        """
-        n = path.numel()
-        rows = self._key_buffer.index_select(2, path + committed)  # gather first: sources and targets overlap
-        self._key_buffer[:, :, committed : committed + n] = rows
-        rows = self._value_buffer.index_select(2, path + committed)
-        self._value_buffer[:, :, committed : committed + n] = rows
-        self.length = committed + n
-        self._refresh_views()
+        self.set_length(max(0, self.length + tokens_to_remove))
 
     def reset(self) -> None:
-        self.length = 0
-        if self.is_initialized:
-            self._refresh_views()
+        self.set_length(0)
 
 
 class LongSpecCache(Cache):
-    """The target's KV cache during LongSpec decoding: preallocated layers, in-place tree compaction.
+    """The target's KV cache during LongSpec decoding: one preallocated buffer, in-place tree compaction.
 
     Args:
         num_layers: the target's decoder layer count.
         capacity: tokens to preallocate per layer (prompt + max_new_tokens + tree size is enough to never grow).
 
-    Every layer holds `(batch, n_kv_heads, capacity, head_dim)` K and V in the target's dtype/device, allocated
-    on the first `update`. Works as `past_key_values` for any transformers decoder (it is a `Cache`).
+    All layers live in one tensor `(num_layers, 2, batch, n_kv_heads, capacity, head_dim)` in the target's
+    dtype/device, allocated on the first `update` (every supported target has the same K/V shape in all layers).
+    Works as `past_key_values` for any transformers decoder (it is a `Cache`).
 
     Reference: transformers `Cache` (cache_utils.py); LongSpec §3.4 (KV of the accepted path is kept).
     """
 
     def __init__(self, num_layers: int, capacity: int):
-        super().__init__(layers=[LongSpecCacheLayer(capacity) for _ in range(num_layers)])
+        self.storage = _Storage(num_layers, capacity)
+        super().__init__(layers=[LongSpecCacheLayer(self.storage, i) for i in range(num_layers)])
 
     @property
     def committed_length(self) -> int:
         """Tokens whose K/V are committed in every layer."""
         return self.layers[0].length
 
-    def commit_path(self, committed: int, path: torch.Tensor) -> None:
-        """Compact the accepted tree path in every layer; see `LongSpecCacheLayer.commit_path`."""
+    def set_length(self, length: int) -> None:
+        """Set every layer's length pointer (the next `update` writes at row `length`)."""
         for layer in self.layers:
-            layer.commit_path(committed, path)
+            layer.set_length(length)
+
+    def commit_path(self, committed: int, path: torch.Tensor, tree_start: int | None = None) -> None:
+        """Keep the accepted tree rows at `committed ...` (in path order) in every layer; drop every row after them.
+
+        Args:
+            committed: rows before the tree's root (tokens).
+            path: (n_accepted,) int64, tree-local indices of the accepted nodes, root first, increasing.
+            tree_start: row of tree node 0 (default `committed`: the tree was appended right after the prefix).
+        """
+        start = committed if tree_start is None else tree_start
+        n = path.numel()
+        buffer = self.storage.tensor
+        rows = buffer.index_select(4, path + start)  # gather first: sources and targets may overlap
+        buffer[..., committed : committed + n, :] = rows
+        self.set_length(committed + n)
 
     def crop(self, max_length: int) -> None:
         """Drop the last `-max_length` tokens of every layer (negative count, transformers 5.x semantics)."""

@@ -30,6 +30,8 @@ from transformers.generation.utils import GenerationMixin
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTENTION_NAME = "longspec"
+# per-call `generate(longspec_<name>=...)` options, passed to `longspec_tree_decode(<name>=...)`
+LONGSPEC_OPTIONS = ("beam_widths", "static_shapes")
 MIN_TRANSFORMERS = version.parse("5.17.0")
 _ORIGINALS: dict[str, object] = {}
 
@@ -54,12 +56,14 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
     for name in ("tokenizer", "assistant_tokenizer"):
         if model_kwargs.pop(name, None) is not None and name == "assistant_tokenizer":
             raise ValueError("a LongSpec draft shares the target's tokenizer; do not pass assistant_tokenizer")
-    beam_widths = model_kwargs.pop("longspec_beam_widths", None)
+    options = {name: model_kwargs.pop(f"longspec_{name}") for name in LONGSPEC_OPTIONS
+               if f"longspec_{name}" in model_kwargs}
     unknown = sorted(k for k in model_kwargs if k.startswith("longspec_"))
     if unknown:
-        raise ValueError(f"unknown LongSpec option(s) {unknown}; the per-call option is longspec_beam_widths")
+        known = ", ".join(f"longspec_{name}" for name in LONGSPEC_OPTIONS)
+        raise ValueError(f"unknown LongSpec option(s) {unknown}; the per-call options are {known}")
     return longspec_tree_decode(self, assistant_model, input_ids, logits_processor, stopping_criteria,
-                                generation_config, streamer=streamer, beam_widths=beam_widths, **model_kwargs)
+                                generation_config, streamer=streamer, **options, **model_kwargs)
 
 
 def _extract_generation_mode_kwargs(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):

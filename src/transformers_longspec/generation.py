@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import compat
 from .cache import DraftRingCache, LongSpecCache
 from .configuration import validate_beam_widths
+from .static_step import StaticTreeStep, StepClock
 from .tree import DraftTree, grow_tree
 from .verification import accept, choose_next_tokens, process_tree_logits, verify_tree
 
@@ -151,6 +153,7 @@ def longspec_tree_decode(
     generation_config: GenerationConfig,
     streamer=None,
     beam_widths=None,
+    static_shapes=None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Lossless LongSpec tree decoding for batch size 1 (called by the patched `generate`).
@@ -158,7 +161,13 @@ def longspec_tree_decode(
     Args:
         target: the target `*ForCausalLM`. draft: an attached `LongSpecDraft`.
         input_ids: (1, prompt_len) int64. logits_processor, stopping_criteria, generation_config: as prepared by
-            `generate`. streamer: a transformers streamer or None. beam_widths: per-call tree shape, optional.
+            `generate`. streamer: a transformers streamer or None.
+        beam_widths: per-call tree shape (`generate(longspec_beam_widths=...)`), optional.
+        static_shapes: `generate(longspec_static_shapes=...)`: True runs the draft and the verification with
+            static shapes, captured as CUDA graphs on a GPU (`static_step.py`); False runs them eagerly with exactly
+            sized tensors; None (default) means True on CUDA and False elsewhere. Both are lossless. With static
+            shapes the target cache and the graphs are kept on the draft for the next call (free them with
+            `draft.free_static_buffers()`) and the returned output carries no past_key_values.
         **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
     Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
     Raises: ValueError for what cannot be honoured (see `compat.check_generate_call`).
@@ -166,72 +175,111 @@ def longspec_tree_decode(
     """
     compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs)
     widths = resolve_beam_widths(draft, generation_config, beam_widths)
+    device = input_ids.device
+    static_shapes = device.type == "cuda" if static_shapes is None else bool(static_shapes)
     stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths)
     draft.last_generation_stats = stats
-    timer = _Timer(input_ids.device)
+    timer = _Timer(device)
     start = timer.now()
-    cache = LongSpecCache(target.config.get_text_config().num_hidden_layers,
-                          generation_config.max_length + 1 + sum(widths))
+    capacity = generation_config.max_length + 1 + sum(widths)
+    if static_shapes:
+        engine = _static_engine(target, draft, widths, capacity)
+        cache = engine.start(input_ids)
+    else:
+        cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, capacity)
+        generator = LongSpecCandidateGenerator(draft, cache, widths)
     logits = target(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
     logits = logits.float()
     scores = logits_processor(input_ids, logits.clone()) if logits_processor else logits
     new_tokens = choose_next_tokens(scores, generation_config.do_sample)
     stats.target_forwards, stats.prefill_s = 1, timer.now() - start
-    output = _Output(input_ids, generation_config)
-    done = output.extend(new_tokens, logits, scores, stopping_criteria, streamer)
-    generator = LongSpecCandidateGenerator(draft, cache, widths)
-    stats.draft_cache_bytes = generator.ring.nbytes()
+    output = _Output(input_ids, generation_config, stopping_criteria, streamer)
+    done = output.extend(new_tokens, logits, scores)
+    stats.draft_cache_bytes = (engine if static_shapes else generator).ring.nbytes()
     with compat.tree_attention(target):
         while not done:
-            t0 = timer.now()
-            tree = generator.draft_tree(output.sequences)
-            t1 = timer.now()
-            logits = verify_tree(target, tree, cache)
+            committed = output.sequences.shape[1] - 1  # the root, the last emitted token, is not in the cache yet
+            if static_shapes:
+                engine.record(output.sequences)
+                tree, logits, clock = engine.draft_and_verify(committed)
+                tree_start = engine.tree_start(committed)
+            else:
+                clock = StepClock(device)
+                tree = generator.draft_tree(output.sequences)
+                clock.mark()
+                logits, tree_start = verify_tree(target, tree, cache), None
+            logits = logits.float()
+            clock.mark()
             scores = process_tree_logits(logits, tree, output.sequences, logits_processor)
             accepted = accept(tree, choose_next_tokens(scores, generation_config.do_sample))
-            cache.commit_path(output.sequences.shape[1] - 1, accepted.path)
-            stats.draft_s, stats.verify_s = stats.draft_s + t1 - t0, stats.verify_s + timer.now() - t1
+            cache.commit_path(committed, accepted.path, tree_start)
+            draft_s, verify_s = clock.seconds()
+            stats.draft_s, stats.verify_s = stats.draft_s + draft_s, stats.verify_s + verify_s
             stats.target_forwards += 1
             stats.accepted_lengths.append(accepted.new_tokens.numel())
-            done = output.extend(accepted.new_tokens, logits[accepted.path], scores[accepted.path],
-                                 stopping_criteria, streamer)
+            done = output.extend(accepted.new_tokens, logits[accepted.path], scores[accepted.path])
     if streamer is not None:
         streamer.end()
     stats.new_tokens = output.sequences.shape[1] - stats.prompt_tokens
     stats.total_s = timer.now() - start
-    return output.result(cache)
+    return output.result(None if static_shapes else cache)
+
+
+def _static_engine(target, draft, widths, capacity: int) -> StaticTreeStep:
+    """The draft's `StaticTreeStep` for this call, reused when it fits (same models, tree, enough capacity)."""
+    engine = draft.__dict__.get("_static_step")
+    if engine is None or not engine.fits(target, draft, widths, capacity):
+        draft.__dict__.pop("_static_step", None)  # free the old buffers before allocating new ones
+        on_cuda = next(target.parameters()).device.type == "cuda"
+        engine = StaticTreeStep(target, draft, widths, capacity, cuda_graphs=on_cuda)
+        draft.__dict__["_static_step"] = engine
+    return engine
 
 
 class _Output:
-    """Emitted tokens (and optional scores/logits), appended one token at a time like plain decoding."""
+    """Emitted tokens (and optional scores/logits), appended one token at a time like plain decoding.
 
-    def __init__(self, input_ids: torch.Tensor, generation_config: GenerationConfig):
+    Stopping is decided on the host from one read-back of the step's tokens when every stopping criterion is a
+    known host-checkable kind (max length, EOS, max time); otherwise each criterion is called token by token
+    with the sequence so far, exactly as plain decoding calls it.
+    """
+
+    def __init__(self, input_ids: torch.Tensor, generation_config: GenerationConfig, stopping_criteria, streamer):
         self.sequences = input_ids
         self.config = generation_config
+        self.stopping_criteria, self.streamer = stopping_criteria, streamer
+        self.host_stop = _host_stop_rule(stopping_criteria)
         keep = generation_config.return_dict_in_generate
         self.scores = [] if keep and generation_config.output_scores else None
         self.logits = [] if keep and generation_config.output_logits else None
 
-    def extend(self, tokens, logits, scores, stopping_criteria, streamer) -> bool:
-        """Append `tokens` (n,) one by one, stopping at the first token that meets a stopping criterion.
+    def extend(self, tokens, logits, scores) -> bool:
+        """Append `tokens` (n,) int64, up to and including the first token that meets a stopping criterion.
 
         `logits`/`scores` (n, vocab): the raw / processed target scores that chose each token.
         Returns: True when generation is finished.
         """
-        for i in range(tokens.numel()):
-            self.sequences = torch.cat([self.sequences, tokens[i].view(1, 1)], dim=1)
+        token_list = tokens.tolist()  # the step's one read-back of emitted tokens
+        if self.host_stop is not None:
+            keep, done = self.host_stop(self.sequences.shape[1], token_list)
+        else:
+            keep, done = len(token_list), False
+        for i in range(keep):
+            if self.host_stop is None:
+                self.sequences = torch.cat([self.sequences, tokens[i].view(1, 1)], dim=1)
             if self.scores is not None:
                 self.scores.append(scores[i : i + 1])
             if self.logits is not None:
                 self.logits.append(logits[i : i + 1])
-            if streamer is not None:
-                streamer.put(tokens[i].view(1).cpu())
-            row_scores = scores[i : i + 1]
-            if stopping_criteria(self.sequences, row_scores).any():
+            if self.streamer is not None:
+                self.streamer.put(torch.tensor([token_list[i]]))
+            if self.host_stop is None and self.stopping_criteria(self.sequences, scores[i : i + 1]).any():
                 return True
-        return False
+        if self.host_stop is not None:
+            self.sequences = torch.cat([self.sequences, tokens[None, :keep]], dim=1)
+        return done
 
-    def result(self, cache: LongSpecCache):
+    def result(self, cache: LongSpecCache | None):
         if not self.config.return_dict_in_generate:
             return self.sequences
         return GenerateDecoderOnlyOutput(
@@ -240,6 +288,33 @@ class _Output:
             logits=tuple(self.logits) if self.logits is not None else None,
             past_key_values=cache,
         )
+
+
+def _host_stop_rule(stopping_criteria):
+    """A host-side equivalent of `stopping_criteria` as f(length before, tokens) -> (tokens to keep, done), or None.
+
+    Covers `MaxLengthCriteria`, `EosTokenCriteria` and `MaxTimeCriteria` (what `generate` builds from
+    max_length / max_new_tokens, eos_token_id and max_time); any other criterion returns None (checked per token).
+    """
+    max_length, eos, deadlines = None, set(), []
+    for criterion in stopping_criteria or []:
+        if type(criterion) is MaxLengthCriteria:
+            max_length = criterion.max_length if max_length is None else min(max_length, criterion.max_length)
+        elif type(criterion) is EosTokenCriteria:
+            eos.update(criterion.eos_token_id.flatten().tolist())
+        elif type(criterion) is MaxTimeCriteria:
+            deadlines.append(criterion.initial_timestamp + criterion.max_time)
+        else:
+            return None
+
+    def rule(length: int, tokens: list[int]) -> tuple[int, bool]:
+        for i, token in enumerate(tokens):
+            n = length + i + 1
+            if (max_length is not None and n >= max_length) or token in eos or any(time.time() > d for d in deadlines):
+                return i + 1, True
+        return len(tokens), False
+
+    return rule
 
 
 __all__ = ["longspec_tree_decode", "LongSpecCandidateGenerator", "LongSpecStats", "resolve_beam_widths"]

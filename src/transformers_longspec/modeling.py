@@ -96,16 +96,22 @@ class LongSpecCrossAttention(nn.Module):
         self.q_proj = nn.Linear(config.hidden_size, h * d, bias=config.attention_bias)
         self.o_proj = nn.Linear(h * d, config.hidden_size, bias=False)
 
-    def forward(self, hidden, cos, sin, target_keys, target_values, offset: int | None = None):
+    def forward(self, hidden, cos, sin, target_keys, target_values, offset: int | None = None, tail_mask=None):
         """Attend from `hidden` (batch, q, hidden) over target K/V (batch, n_kv_heads, kv, head_dim).
 
         offset=None: every query sees every target key (inference: all queries sit after the committed cache).
+        tail_mask (m,) bool (inference, static shapes): only the last m keys are masked — key kv - m + j is seen
+        iff tail_mask[j] (the committed cache ends inside that block).
         offset=j (training, q == kv): query i sees target keys <= i - j, as at inference where the target has
         not yet verified the last j tokens; queries i < j see none and output zeros (flash noisy training:
         drop the last j keys and the first j queries, LongSpec §3.2 Alg. 2).
         """
         q = _rope(self.q_proj(hidden).view(*hidden.shape[:-1], -1, self.head_dim).transpose(1, 2), cos, sin)
-        if offset is None:
+        if tail_mask is not None:
+            from .attention import hybrid_tree_attention  # inference with static shapes only: flash + masked tail
+
+            out = hybrid_tree_attention(q, target_keys, target_values, tail_mask.expand(q.shape[2], -1), self.scaling)
+        elif offset is None:
             out = _attend(q, target_keys, target_values, scale=self.scaling)
         else:
             length = q.shape[2]
@@ -131,11 +137,12 @@ class LongSpecBlock(GradientCheckpointingLayer):
         self.mlp = LlamaMLP(config)
 
     def forward(self, hidden, cos, sin, target_keys, target_values, self_mask=None, past_keys=None,
-                past_values=None, cross_offset=None):
+                past_values=None, cross_offset=None, cross_tail_mask=None):
         attn, k, v = self.self_attn(self.input_layernorm(hidden), cos, sin, past_keys, past_values, self_mask)
         hidden = hidden + attn
         hidden = hidden + self.cross_attn(
-            self.post_self_attention_layernorm(hidden), cos, sin, target_keys, target_values, cross_offset
+            self.post_self_attention_layernorm(hidden), cos, sin, target_keys, target_values, cross_offset,
+            cross_tail_mask,
         )
         hidden = hidden + self.mlp(self.post_cross_attention_layernorm(hidden))
         return hidden, k, v
@@ -326,7 +333,8 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         cos, sin = self.rotary(hidden, position_ids)
         return self.block.self_attn.project_kv(self.block.input_layernorm(hidden), cos, sin)
 
-    def step(self, input_ids, position_ids, past_keys, past_values, self_mask, target_keys, target_values):
+    def step(self, input_ids, position_ids, past_keys, past_values, self_mask, target_keys, target_values,
+             target_tail_mask=None):
         """One inference step of the draft over query tokens (used to grow the tree).
 
         Args:
@@ -334,11 +342,14 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             past_keys, past_values: (1, n_kv_heads, p, head_dim) — ring buffer + earlier tree nodes.
             self_mask: (q, p + q) bool — which of [past; own] keys each query sees.
             target_keys, target_values: (1, n_kv_heads, committed, head_dim) — the target's last-layer cache.
+            target_tail_mask: optional (m,) bool — the target K/V end with an m-row block of which only these rows
+                are committed (static-shape decoding, `static_step.py`); None means all rows are committed.
         Returns: (log-probs (1, q, vocab) fp32, own keys, own values (1, n_kv_heads, q, head_dim)).
         """
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
-        hidden, k, v = self.block(hidden, cos, sin, target_keys, target_values, self_mask, past_keys, past_values)
+        hidden, k, v = self.block(hidden, cos, sin, target_keys, target_values, self_mask, past_keys, past_values,
+                                  cross_tail_mask=target_tail_mask)
         return torch.log_softmax(self.lm_logits(self.norm(hidden)), dim=-1), k, v
 
     def forward(
@@ -402,10 +413,16 @@ class LongSpecDraft(LongSpecPreTrainedModel):
                 total = total + F.cross_entropy(logits.flatten(0, 1), part.flatten(), reduction="sum")
         return total / count.clamp(min=1)
 
+    def free_static_buffers(self) -> None:
+        """Release the target cache and CUDA graphs kept between `generate` calls with static shapes (the default on
+        CUDA, `generation.longspec_tree_decode`); the next call allocates them again."""
+        self.__dict__.pop("_static_step", None)
+
     # ------------------------------------------------------------------ copies must not drag the target along
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_shared"] = None
+        state.pop("_static_step", None)
         return state
 
 

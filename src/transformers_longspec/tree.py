@@ -74,8 +74,8 @@ def _window_visible(ring: DraftRingCache, query_position: torch.Tensor) -> torch
     return (pos >= 0) & (pos > query_position - ring.window) & (pos < query_position)
 
 
-def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position: int, target_keys, target_values,
-              beam_widths) -> DraftTree:
+def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, target_keys, target_values,
+              beam_widths, target_tail_mask=None) -> DraftTree:
     """Grow a draft tree from `root` by dynamic beam search over cumulative draft log-probability.
 
     Depth d keeps the `beam_widths[d-1]` best (parent, token) pairs among all children of depth d-1; a branch
@@ -85,15 +85,18 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position: in
         draft: an attached `LongSpecDraft`.
         ring: the draft's ring cache, already holding the committed tokens before `root_position`.
         root: (1,) int64, the last committed token.
-        root_position: its absolute position (tokens), = committed length of the target cache.
-        target_keys, target_values: (1, n_kv_heads, root_position, head_dim), the target's last-layer cache.
+        root_position: its absolute position (tokens), = committed length of the target cache; an int, or a 0-dim
+            int64 tensor on the draft's device (static shapes: no host value is baked into a CUDA graph).
+        target_keys, target_values: (1, n_kv_heads, kv, head_dim), the target's last-layer cache: kv = root_position
+            committed rows, or with `target_tail_mask` (m,) bool, rows whose last m are seen only where it is True.
         beam_widths: tuple of positive ints.
     Returns: `DraftTree` on the draft's device.
     Reference: LongSpec §3.3.
     """
     device = root.device
-    depths, ranges = tree_layout(beam_widths)
-    depths = depths.to(device)
+    _, ranges = tree_layout(beam_widths)
+    # built on the device (no host-to-device copy, so the function can be captured in a CUDA graph)
+    depths = torch.cat([torch.full((e - s,), d, dtype=torch.long, device=device) for d, (s, e) in enumerate(ranges)])
     size = depths.shape[0]
     tokens = torch.zeros(size, dtype=torch.long, device=device)
     parents = torch.full((size,), -1, dtype=torch.long, device=device)
@@ -103,32 +106,35 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position: in
     for d in range(len(beam_widths)):
         start, end = ranges[d]
         log_probs = _draft_level(draft, ring, tokens, ancestors, start, end, root_position + d,
-                                 target_keys, target_values)
+                                 target_keys, target_values, target_tail_mask)
         width = beam_widths[d]
-        candidates = (scores[start:end, None] + log_probs).flatten()
-        best, flat = candidates.topk(width)
-        vocab = log_probs.shape[-1]
+        # the best `width` children overall are among each parent's best `width`: top-k per row first, then one
+        # top-k over n * width candidates instead of n * vocab (the same set; much less work for a 150k vocab)
+        row_best, row_tokens = log_probs.topk(min(width, log_probs.shape[-1]), dim=-1)
+        best, pick = (scores[start:end, None] + row_best).flatten().topk(width)
         new_start, new_end = ranges[d + 1]
-        parent = start + flat // vocab
-        tokens[new_start:new_end] = flat % vocab
+        parent = start + pick // row_best.shape[1]
+        tokens[new_start:new_end] = row_tokens.flatten()[pick]
         parents[new_start:new_end] = parent
         scores[new_start:new_end] = best
         ancestors[new_start:new_end] |= ancestors[parent]
     return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores)
 
 
-def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_keys, target_values):
+def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_keys, target_values, tail_mask):
     """Run the draft on tree nodes [start, end) (all at `position`); store their K/V; return (n, vocab) log-probs."""
     n = end - start
     device = tokens.device
-    visible = _window_visible(ring, torch.tensor(position, device=device))
+    position = torch.as_tensor(position, device=device)
+    visible = _window_visible(ring, position)
     mask = torch.cat(
         [visible.expand(n, -1), ancestors[start:end, :start], torch.eye(n, dtype=torch.bool, device=device)], dim=1
     )
     past_k = torch.cat([ring.ring_keys, ring.tree_keys[:, :, :start]], dim=2)
     past_v = torch.cat([ring.ring_values, ring.tree_values[:, :, :start]], dim=2)
-    positions = torch.full((1, n), position, dtype=torch.long, device=device)
-    log_probs, k, v = draft.step(tokens[None, start:end], positions, past_k, past_v, mask, target_keys, target_values)
+    positions = position.expand(1, n)
+    log_probs, k, v = draft.step(tokens[None, start:end], positions, past_k, past_v, mask, target_keys, target_values,
+                                 tail_mask)
     ring.tree_keys[:, :, start:end] = k
     ring.tree_values[:, :, start:end] = v
     return log_probs[0]

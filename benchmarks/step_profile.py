@@ -1,0 +1,100 @@
+"""Where a LongSpec step's time goes, on a random-weight target of a real shape (GPU; no model download needed).
+
+    python benchmarks/step_profile.py --shape qwen2.5-1.5b --contexts 8192,16384,30000 --out step_profile.json
+
+For each context: plain greedy `generate` (sdpa) and LongSpec with eager steps and with static shapes + CUDA graphs,
+same prompt, same untrained draft (so τ is near 1: the numbers are per STEP, not per token). Reports ms per step
+(draft / verify / rest), the first-call cost of graph capture, peak memory, and whether each LongSpec output equals
+plain greedy (random weights in bf16 have many near-ties, so a mismatch here is not by itself a bug; the
+exactness checks are the tests and the real-model runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from transformers_longspec import LongSpecDraft
+
+SHAPES = {
+    "qwen2.5-1.5b": (Qwen2Config, Qwen2ForCausalLM, dict(hidden_size=1536, intermediate_size=8960,
+                     num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                     max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=False)),
+    "llama-3-8b": (LlamaConfig, LlamaForCausalLM, dict(hidden_size=4096, intermediate_size=14336,
+                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                   max_position_embeddings=32768, rope_theta=5e5)),
+}
+
+
+def random_target(shape: str, dtype=torch.bfloat16):
+    """A random-weight `*ForCausalLM` of a named real shape on the GPU, in `dtype`, eval mode."""
+    config_cls, model_cls, sizes = SHAPES[shape]
+    config = config_cls(**sizes, initializer_range=0.02)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("cuda"):
+            model = model_cls(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+def _timed(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def profile(target, draft, context: int, new_tokens: int) -> dict:
+    """Time plain greedy and LongSpec (eager / CUDA graphs) at one context length (tokens)."""
+    ids = torch.randint(100, 20000, (1, context), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    row = {"context": context, "new_tokens": new_tokens}
+    _, t1 = _timed(lambda: target.generate(ids, do_sample=False, max_new_tokens=1))
+    plain, tn = _timed(lambda: target.generate(ids, do_sample=False, max_new_tokens=new_tokens))
+    row["plain_ms_per_token"] = 1e3 * (tn - t1) / (new_tokens - 1)
+    for name, static in (("eager", False), ("graphs", True)):
+        draft.free_static_buffers()
+        torch.cuda.reset_peak_memory_stats()
+        first, t_first = _timed(lambda: target.generate(ids, assistant_model=draft, do_sample=False,
+                                                        max_new_tokens=new_tokens, longspec_static_shapes=static))
+        out, t = _timed(lambda: target.generate(ids, assistant_model=draft, do_sample=False,
+                                                max_new_tokens=new_tokens, longspec_static_shapes=static))
+        s = draft.last_generation_stats
+        steps = len(s.accepted_lengths)
+        row[name] = {
+            "first_call_s": t_first, "call_s": t, "prefill_s": s.prefill_s, "steps": steps, "tau": s.tau,
+            "ms_per_step": 1e3 * (s.total_s - s.prefill_s) / steps,
+            "draft_ms_per_step": 1e3 * s.draft_s / steps, "verify_ms_per_step": 1e3 * s.verify_s / steps,
+            "equals_plain": bool(torch.equal(out, plain)), "same_as_first_call": bool(torch.equal(out, first)),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        }
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
+    parser.add_argument("--contexts", default="8192,16384,30000")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--out", default="step_profile.json")
+    args = parser.parse_args()
+    target = random_target(args.shape)
+    draft = LongSpecDraft.from_target(target).to(device="cuda", dtype=torch.bfloat16)
+    rows = []
+    for context in [int(c) for c in args.contexts.split(",")]:
+        rows.append(profile(target, draft, context, args.new_tokens))
+        print(json.dumps(rows[-1]), flush=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape}
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

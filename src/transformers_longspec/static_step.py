@@ -1,0 +1,223 @@
+"""The LongSpec step with static shapes: draft tree growth and target verification as replayable CUDA graphs.
+
+A decode step of a small target is a few milliseconds of GPU work behind tens of milliseconds of Python and
+kernel launches. This module gives the draft and the verification forward shapes that do not change from step to
+step, so each is captured once as a CUDA graph and then replayed with one launch (on the CPU the same code runs
+eagerly: it is the layout the tests check for exactness).
+
+What varies from step to step is only the committed length C (a device scalar here). The target cache is read in
+three parts with static sizes, for the bucket B = C rounded down to a multiple of `TAIL`:
+
+      rows:   [ 0 ........ B )[ B ...... C ... B+TAIL )[ B+TAIL ... B+TAIL+T )
+              prefix: flash    tail: first C-B rows     the tree's own K/V, written here by the verification
+              (no mask)        visible, the rest masked (ancestor mask)
+
+so one pair of graphs serves every C in [B, B + TAIL): a new pair is captured when C enters a new bucket (once
+every ~TAIL/τ steps), and graphs are kept for reuse by later calls. The draft's cross-attention reads the same
+[prefix | tail] split of the target's last layer; its ring buffer is refreshed for the last `depth + 1` positions
+every step (recomputing K/V that are already there is harmless: a one-layer draft's K/V depend only on the token
+and its position), which covers every token committed since the previous step.
+
+Everything after the verification (logits processors, acceptance, compaction of the accepted path, stopping
+checks) runs eagerly with a single read-back of the accepted path.
+
+Reference: LongSpec (arXiv 2502.17421) §3.3–3.4; CUDA graphs in PyTorch (`torch.cuda.CUDAGraph`,
+`torch.cuda.graph`), the "static cache" idea of transformers' `StaticCache`.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import OrderedDict
+
+import torch
+
+from .cache import DraftRingCache, LongSpecCache, _round_up
+from .tree import DraftTree, grow_tree, tree_layout
+
+TAIL = 512  # tokens per bucket of the committed length; a new graph pair is captured per bucket
+MAX_GRAPHS = 64  # graph pairs kept per engine (least recently used evicted): ~21 MB of logits each for a 150k vocab
+
+
+class StaticTreeStep:
+    """Static-shape draft + verification for one (target, draft, tree shape), reusable across `generate` calls.
+
+    Args:
+        target: the target `*ForCausalLM` (batch size 1).
+        draft: an attached `LongSpecDraft` on the same device.
+        beam_widths: tree shape (see `tree.grow_tree`).
+        capacity: tokens the target cache must hold (prompt + new tokens); buffers are sized for it plus the tail
+            block and the tree, so they never grow during decoding.
+        cuda_graphs: capture and replay CUDA graphs (CUDA only); False runs the same static-shape code eagerly.
+
+    Buffers (all on the target's device): the target cache (`LongSpecCache`, capacity rows), the draft's ring
+    cache, the sequence's tokens `(capacity,)` int64, and the committed length `(,)` int64.
+
+    Raises: ValueError if `cuda_graphs` is requested off CUDA.
+    Reference: module docstring.
+    """
+
+    def __init__(self, target, draft, beam_widths: tuple[int, ...], capacity: int, cuda_graphs: bool):
+        device = next(target.parameters()).device
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA target, got one on {device}; use longspec_static_shapes=False "
+                             "or move the model to a GPU")
+        self.target_ref, self.draft_ref = weakref.ref(target), weakref.ref(draft)
+        self.beam_widths, self.cuda_graphs, self.device = tuple(beam_widths), cuda_graphs, device
+        self.tree_size, self.depth = 1 + sum(beam_widths), len(beam_widths)
+        self.depths = tree_layout(beam_widths)[0].to(device)
+        self.capacity = _round_up(capacity + TAIL + self.tree_size)
+        self.cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, self.capacity)
+        param = next(draft.parameters())
+        c = draft.config
+        self.ring = DraftRingCache(c.sliding_window, self.tree_size, c.num_key_value_heads, c.head_dim, param.dtype,
+                                   device)
+        self.tokens = torch.zeros(self.capacity, dtype=torch.long, device=device)
+        self.committed = torch.zeros((), dtype=torch.long, device=device)
+        self._refresh = torch.arange(-(self.depth + 1), 0, device=device)
+        self._tail = torch.arange(TAIL, device=device)
+        self._graphs: OrderedDict[int, tuple] = OrderedDict()
+        self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
+        self._stream = torch.cuda.Stream(device) if cuda_graphs else None
+
+    def fits(self, target, draft, beam_widths, capacity: int) -> bool:
+        """True if this engine serves a call with these models, tree shape and capacity (tokens)."""
+        return (self.target_ref() is target and self.draft_ref() is draft and self.beam_widths == tuple(beam_widths)
+                and capacity + TAIL + self.tree_size <= self.capacity
+                and next(draft.parameters()).dtype == self.ring.ring_keys.dtype)
+
+    def start(self, input_ids: torch.Tensor) -> LongSpecCache:
+        """Reset for a new call with prompt `input_ids` (1, prompt_len); returns the empty target cache to prefill."""
+        self.cache.set_length(0)
+        self.ring.ring_positions.fill_(-1)
+        self.tokens[: input_ids.shape[1]] = input_ids[0]
+        self._written, self._ring_ready = input_ids.shape[1], False
+        return self.cache
+
+    def record(self, sequences: torch.Tensor) -> None:
+        """Copy the tokens of `sequences` (1, length) int64 emitted since the last call into the token buffer."""
+        self.tokens[self._written : sequences.shape[1]] = sequences[0, self._written :]
+        self._written = sequences.shape[1]
+
+    def tree_start(self, committed: int) -> int:
+        """Cache row where the verification writes tree node 0, for `committed` tokens."""
+        return committed // TAIL * TAIL + TAIL
+
+    # ------------------------------------------------------------------ the step
+    def draft_and_verify(self, committed: int) -> tuple[DraftTree, torch.Tensor, StepClock]:
+        """Grow the tree rooted at sequence position `committed` and verify it with the target.
+
+        Args:
+            committed: C, tokens whose K/V are committed in the target cache (the root is token C).
+        Returns: (tree, logits (tree_size, vocab) in the target's dtype — static buffers, valid until the next
+            call — and the CUDA events / times bracketing the draft and verification phases).
+        """
+        if not self._ring_ready:  # once per call: the draft's ring takes the last window of the prompt
+            self._fill_ring(committed)
+        self.committed.fill_(committed)
+        bucket = committed // TAIL * TAIL
+        events = StepClock(self.device)
+        if not self.cuda_graphs:
+            tree = self._draft(bucket)
+            events.mark()
+            return tree, self._verify(bucket, tree), events
+        if bucket in self._graphs:
+            self._graphs.move_to_end(bucket)
+            draft_graph, verify_graph, tree, logits = self._graphs[bucket]
+            draft_graph.replay()
+            events.mark()
+            verify_graph.replay()
+            return tree, logits, events
+        tree, logits = self._capture(bucket, events)
+        return tree, logits, events
+
+    def _capture(self, bucket: int, events: StepClock):
+        # The first step in a bucket runs eagerly on the capture stream (this also warms up cuBLAS and Triton for
+        # it), then the same code is captured for the following steps. Its result is returned as is.
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            tree = self._draft(bucket)
+            logits = self._verify(bucket, tree)
+        torch.cuda.synchronize(self.device)
+        events.mark()  # the eager first step of a bucket (and its capture) is reported as draft time
+        while len(self._graphs) >= MAX_GRAPHS:
+            self._graphs.popitem(last=False)
+        draft_graph, verify_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(draft_graph, pool=self._pool, stream=stream):
+            static_tree = self._draft(bucket)
+        with torch.cuda.graph(verify_graph, pool=self._pool, stream=stream):
+            static_logits = self._verify(bucket, static_tree)
+        self._graphs[bucket] = (draft_graph, verify_graph, static_tree, static_logits)
+        return tree, logits
+
+    def _fill_ring(self, committed: int) -> None:
+        draft = self.draft_ref()
+        start = max(0, committed - self.ring.window)
+        if start < committed:
+            positions = torch.arange(start, committed, device=self.device)
+            keys, values = draft.self_kv(self.tokens[None, start:committed], positions[None])
+            self.ring.write_ring(keys, values, positions)
+        self._ring_ready = True
+
+    def _draft(self, bucket: int) -> DraftTree:
+        """Static-shape tree growth for committed lengths in [bucket, bucket + TAIL) (reads `self.committed`)."""
+        draft, c = self.draft_ref(), self.committed
+        positions = (c + self._refresh).clamp(min=0)  # the last depth + 1 committed positions (idempotent)
+        keys, values = draft.self_kv(self.tokens[positions][None], positions[None])
+        self.ring.write_ring(keys, values, positions)
+        last = self.cache.layers[-1]
+        end = bucket + TAIL
+        return grow_tree(draft, self.ring, self.tokens[c.view(1)], c, last.key_buffer[:, :, :end],
+                         last.value_buffer[:, :, :end], self.beam_widths, target_tail_mask=self._tail < c - bucket)
+
+    def _verify(self, bucket: int, tree: DraftTree) -> torch.Tensor:
+        """Static-shape verification forward; the tree's K/V land at rows bucket + TAIL ... (see module docstring)."""
+        c = self.committed
+        mask = torch.cat([(self._tail < c - bucket).expand(self.tree_size, -1), tree.ancestors], dim=1)
+        self.cache.set_length(bucket + TAIL)
+        out = self.target_ref()(
+            input_ids=tree.tokens[None],
+            position_ids=(c + self.depths)[None],
+            attention_mask=mask[None, None],
+            past_key_values=self.cache,
+            use_cache=True,
+            longspec_tree_mask=mask,
+        )
+        return out.logits[0]
+
+    def nbytes(self) -> int:
+        """Bytes of the target cache buffer held by this engine (graph memory pools not included)."""
+        t = self.cache.storage.tensor
+        return 0 if t is None else t.numel() * t.element_size()
+
+
+class StepClock:
+    """Marks phase boundaries of one decode step without a host sync: CUDA events on a GPU, perf_counter otherwise.
+
+    Reference: `torch.cuda.Event(enable_timing=True)`.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.points = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.points.append(event)
+        else:
+            self.points.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Durations (s) between consecutive marks; call after the work is done (synchronises on CUDA)."""
+        if self.cuda:
+            self.points[-1].synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.points, self.points[1:])]
+        return [b - a for a, b in zip(self.points, self.points[1:])]
+
+
+__all__ = ["StaticTreeStep", "StepClock", "TAIL"]
