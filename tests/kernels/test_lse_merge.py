@@ -136,3 +136,29 @@ def test_merge_rejects_bad_inputs(change, message, gen):
             merge(*change(*states))
         with pytest.raises(TypeError, match="torch.Tensor"):
             merge(*states[:3], states[3].tolist())
+
+
+@needs_kernel
+@pytest.mark.parametrize("head_dim", (8, 80, 128))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_merge_kernel_matches_ref(dtype, head_dim, gen):
+    """The Triton merge (the CUDA path of `merge_attention_states`) against the max-shifted torch twin, with empty
+    rows on either or both sides and a non-contiguous input, as the packed-GQA prefix pass returns."""
+    from transformers_longspec.kernels.lse_merge import _merge_op
+
+    shape = (2, 3, 21, head_dim)
+    empty_a = torch.rand(shape[:-1], generator=gen) < 0.2
+    empty_b = torch.rand(shape[:-1], generator=gen) < 0.2
+    out_a, lse_a, out_b, lse_b = _random_states(shape, dtype, gen, empty_a, empty_b)
+    out_a = out_a.transpose(1, 2).contiguous().transpose(1, 2)  # same values, (batch, q, heads) memory order
+    states = [t.to(KERNEL_DEVICE) for t in (out_a, lse_a, out_b, lse_b)]
+    out, lse = _merge_op(*states)
+    out_ref, lse_ref = merge_attention_states_ref(*states)
+    assert out.dtype == dtype and lse.dtype == torch.float32 and out.shape == shape
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(lse_ref))
+    finite = ~torch.isneginf(lse_ref)
+    assert max_abs_err(lse[finite], lse_ref[finite]) < 1e-5
+    torch.testing.assert_close(out, out_ref)
+    both_empty = (empty_a & empty_b).to(KERNEL_DEVICE)
+    assert (out[both_empty] == 0).all()
