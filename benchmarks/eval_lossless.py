@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import subprocess
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from transformers_longspec.bench import (
+    default_eval_dir,
+    first_divergence,
+    select_eval_rows,
+    timed_call,
+    top2_logit_gap,
+)
 from transformers_longspec.cli import load_draft, load_target
 from transformers_longspec.demo import eval_prompt
-
-EVAL_DIR = Path(os.environ.get("LONGSPEC_EVAL_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"))
 
 
 @dataclass
@@ -44,29 +47,13 @@ class Row:
     longspec_tok_s: float = 0.0
 
 
-def _timed(fn):
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - start
-
-
-def _top2_gap(target, sequence: torch.Tensor, position: int) -> float:
-    with torch.no_grad():
-        logits = target(sequence[:, :position]).logits[0, -1].float()
-    top = logits.topk(2).values
-    return float(top[0] - top[1])
-
-
 def evaluate_prompt(target, draft, ids, max_new_tokens: int, widths) -> dict:
     extra = {} if widths is None else {"longspec_beam_widths": widths}
-    _, prefill = _timed(lambda: target.generate(ids, do_sample=False, max_new_tokens=1))
-    plain, t_plain = _timed(lambda: target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens))
-    spec, _ = _timed(lambda: target.generate(ids, assistant_model=draft, do_sample=False,
-                                             max_new_tokens=max_new_tokens, **extra))
+    _, prefill = timed_call(lambda: target.generate(ids, do_sample=False, max_new_tokens=1), ids.device)
+    plain, t_plain = timed_call(lambda: target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens),
+                                ids.device)
+    spec, _ = timed_call(lambda: target.generate(ids, assistant_model=draft, do_sample=False,
+                                                 max_new_tokens=max_new_tokens, **extra), ids.device)
     stats = draft.last_generation_stats
     n = plain.shape[1] - ids.shape[1]
     result = {
@@ -74,12 +61,11 @@ def evaluate_prompt(target, draft, ids, max_new_tokens: int, widths) -> dict:
         "histogram": stats.acceptance_histogram(),
         "plain_tok_s": (n - 1) / max(t_plain - prefill, 1e-9), "longspec_tok_s": stats.decode_tokens_per_s,
     }
-    if not result["identical"]:
-        length = min(plain.shape[1], spec.shape[1])
-        diff = (plain[0, :length] != spec[0, :length]).nonzero()
-        position = int(diff[0]) if diff.numel() else length
-        result["first_divergence"] = position - ids.shape[1]
-        result["top2_gap"] = _top2_gap(target, plain, position)
+    divergence = first_divergence(plain, spec, ids.shape[1])
+    if divergence is not None:
+        result["first_divergence"] = divergence
+        if ids.shape[1] + divergence < plain.shape[1]:
+            result["top2_gap"] = top2_logit_gap(target, plain, ids.shape[1] + divergence)
     return result
 
 
@@ -103,13 +89,8 @@ def main() -> None:
     buckets = {int(b) for b in args.buckets.split(",")}
     rows = []
     for name in args.datasets.split(","):
-        data = [json.loads(line) for line in (EVAL_DIR / f"{name}.jsonl").open()]
-        seen: dict[int, int] = {}
-        for row in data:
+        for row in select_eval_rows(default_eval_dir() / f"{name}.jsonl", buckets, args.per_bucket):
             bucket = row.get("bucket", 0)
-            if (bucket and bucket not in buckets) or seen.get(bucket, 0) >= args.per_bucket:
-                continue
-            seen[bucket] = seen.get(bucket, 0) + 1
             ids = eval_prompt(row, tokenizer, args.max_context).to(args.device)
             r = evaluate_prompt(target, draft, ids, args.max_new_tokens, widths)
             rows.append(Row(id=row["_id"], dataset=name, bucket=bucket, prompt_tokens=ids.shape[1], **r))

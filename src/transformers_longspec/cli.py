@@ -1,8 +1,9 @@
-"""`longspec` command line: `demo`, `generate`, `train`.
+"""`longspec` command line: `demo`, `generate`, `train`, `bench`.
 
     longspec demo                         # SmolLM2-135M-Instruct + our trained draft on a real repository file
     longspec generate --target smollm2 --prompt "Write a haiku about GPUs." --chat
     longspec train --help
+    longspec bench --help                 # every decoding method side by side on real long prompts
 
 User mistakes (bad paths, bad tree shapes, missing optional packages) print one line and exit with status 2.
 """
@@ -18,7 +19,8 @@ from pathlib import Path
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from .cli_train import add_train_parser, load_target, run_train
+from .cli_bench import add_bench_parser
+from .cli_train import add_train_parser, load_target
 from .configuration import LongSpecConfig, size_mismatches, validate_beam_widths
 
 ASSETS = Path(__file__).parent / "assets"
@@ -175,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "for comparison (--no-compare to skip).")
     _add_generate_options(gen, demo=False)
     add_train_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "generate":
             run_generate(GenerateArgs(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
         else:
-            run_train(args)
+            args.func(args)
     except (ValueError, ImportError, FileNotFoundError) as err:
         print(f"longspec {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -11,6 +11,8 @@ What we patch or register (idempotently, by `install()`, which `import transform
   raises instead of silently ignoring the assistant (stock behaviour is a warning).
 * `AttentionInterface` / `AttentionMaskInterface` (public registries): the "longspec" attention.
 * `AutoConfig` / `AutoModel` (public registries): `model_type="longspec_draft"`.
+* `_previous_max_cache_length` (private attribute `generate` leaves on a model after a static-cache call):
+  `forget_static_cache_length` clears it so that benchmarks size each static cache to its own prompt.
 
 Tested against transformers 5.17 (the GPU image) and the newest release `pyproject.toml` admits.
 `uninstall()` restores the originals.
@@ -123,17 +125,39 @@ def uninstall() -> None:
 
 
 @contextmanager
+def attention_implementation(model, name: str):
+    """Within the block, `model`'s attention layers dispatch to `name` ("eager", "sdpa", "longspec", ...); the
+    previous implementation is restored afterwards, also on error.
+
+    Raises: ValueError from transformers if `name` is not a registered attention implementation.
+    Reference: transformers `PreTrainedModel.set_attn_implementation`.
+    """
+    original = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(original)
+
+
 def tree_attention(target):
     """Within the block, `target`'s attention layers dispatch to "longspec" (restored afterwards, also on error).
 
     Reference: transformers `PreTrainedModel.set_attn_implementation`.
     """
-    original = target.config._attn_implementation
-    target.set_attn_implementation(ATTENTION_NAME)
-    try:
-        yield
-    finally:
-        target.set_attn_implementation(original)
+    return attention_implementation(target, ATTENTION_NAME)
+
+
+def forget_static_cache_length(model) -> None:
+    """Let the next `generate(cache_implementation="static")` size its cache to its own `max_length`.
+
+    transformers (5.17–5.23) sizes every new static cache to the longest of all earlier static-cache calls on the
+    model (private attribute `_previous_max_cache_length`), so a short prompt measured after a long one would attend
+    over a padded cache. Benchmarks call this before each static-cache call.
+
+    Reference: transformers `GenerationMixin._prepare_static_cache`.
+    """
+    model.__dict__.pop("_previous_max_cache_length", None)
 
 
 def check_generate_call(target, draft, input_ids, generation_config, model_kwargs) -> None:
@@ -186,4 +210,12 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
         )
 
 
-__all__ = ["install", "uninstall", "tree_attention", "check_generate_call", "ATTENTION_NAME"]
+__all__ = [
+    "install",
+    "uninstall",
+    "attention_implementation",
+    "tree_attention",
+    "forget_static_cache_length",
+    "check_generate_call",
+    "ATTENTION_NAME",
+]

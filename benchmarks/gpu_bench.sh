@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# GPU lease runs of the benchmark harness; Qwen2.5-Coder-1.5B-Instruct target and 0.5B assistant staged at
+# ~/stage/*.gguf by gguf-models (README.md in this folder has the commands, run times and what each number means):
+#   bash benchmarks/gpu_bench.sh convert   # once per machine: the GGUFs to bf16 HF folders (~2 min; loads in seconds)
+#   bash benchmarks/gpu_bench.sh micro     # micro_attention.py: attention paths, verify step vs decode step (~2 min)
+#   bash benchmarks/gpu_bench.sh greedy    # longspec bench, every greedy method, exactness vs sdpa (~8 min)
+#   bash benchmarks/gpu_bench.sh sample    # longspec bench, sampling at T = 1.0 and 0.7 (~7 min)
+# greedy/sample convert first if `convert` has not run on this machine (leaving fewer seconds for prompts).
+# Overrides: DRAFT (LongSpec draft folder; none = untrained draft, tau ~ 1), NEW (new tokens, 128), DATASETS, BUCKETS,
+# PER_BUCKET, MAX_S (start no new prompt after this many seconds of benchmarking; default 420 minus the seconds already
+# spent, so that a run ends within the 10-minute limit), LONGSPEC_COMMIT (written into the JSON).
+# The package is not pip-installed there (no network): it is assembled under /tmp/pkg from the work tree.
+set -euo pipefail
+mkdir -p /tmp/pkg && rm -rf /tmp/pkg/transformers_longspec
+cp -r src/transformers_longspec /tmp/pkg/ && cp -r kernels trainers /tmp/pkg/transformers_longspec/
+export PYTHONPATH=/tmp/pkg:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true LONGSPEC_EVAL_DIR=$PWD/.evaldata
+TARGET=$HOME/stage/qwen2.5-coder-1.5b-instruct
+ASSISTANT=$HOME/stage/qwen2.5-coder-0.5b-instruct
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+
+to_hf() {  # de-quantise a staged GGUF once into a bf16 HF folder beside it (a GGUF-loaded model refuses
+  [ -f "$1/config.json" ] && return  # save_pretrained, so its weights go into a plain model of the same config)
+  python3 -c "import sys, torch; from transformers import AutoModelForCausalLM; from transformers.utils import logging
+from transformers_longspec.cli_train import load_target; logging.disable_progress_bar()
+m, t = load_target(sys.argv[1] + '.gguf', torch.bfloat16); m.config.__dict__.pop('quantization_config', None)
+d = AutoModelForCausalLM.from_config(m.config, dtype=torch.bfloat16); d.load_state_dict(m.state_dict())
+d.save_pretrained(sys.argv[1]); t.save_pretrained(sys.argv[1])" "$1"
+}
+
+convert() {
+  to_hf "$TARGET"
+  if [ -f "$ASSISTANT.gguf" ]; then to_hf "$ASSISTANT"; fi
+}
+
+bench() {
+  convert
+  local budget=$(( SECONDS < 360 ? 420 - SECONDS : 60 ))
+  python3 -m transformers_longspec.cli bench --target "$TARGET" ${DRAFT:+--draft "$DRAFT"} \
+    $([ -f "$ASSISTANT/config.json" ] && echo --assistant "$ASSISTANT") --dtype bf16 --max-new-tokens "${NEW:-128}" \
+    --per-bucket "${PER_BUCKET:-1}" --max-seconds "${MAX_S:-$budget}" --out "$OUT" "$@" 2>&1 | grep -v "it/s\]$" \
+    | tee "$OUT/bench.log"
+}
+
+case "$1" in
+  convert)
+    convert ;;
+  micro)
+    python3 benchmarks/micro_attention.py --out "$OUT" 2>&1 | tee "$OUT/micro.log" ;;
+  greedy)
+    bench --methods sdpa,eager,static_compile,assisted,prompt_lookup,longspec \
+      --datasets "${DATASETS:-code_completion,summarization}" --buckets "${BUCKETS:-8192,16384,30000}" ;;
+  sample)
+    bench --methods sdpa,longspec,sample,longspec_sample --temperatures 1.0,0.7 \
+      --datasets "${DATASETS:-code_completion,math_reasoning}" --buckets "${BUCKETS:-8192,30000}" ;;
+  *)
+    echo "usage: bash benchmarks/gpu_bench.sh convert|micro|greedy|sample" >&2; exit 2 ;;
+esac

@@ -1,0 +1,166 @@
+"""The benchmark harness runs end to end on tiny targets and its rows are real; a corrupted method is caught."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformers_longspec import LongSpecDraft, bench_report
+from transformers_longspec.bench import BenchConfig, BenchModels, Prompt, parse_variant, run_bench
+from transformers_longspec.bench_report import aggregate, format_table
+from transformers_longspec.cli import main
+
+from tiny_models import make_target
+
+TESTS = Path(__file__).resolve().parent
+NEW = 12
+
+
+def _load(path: Path):
+    """Import a script or helper by path (benchmarks/ and tests/trainers/ are not packages)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look their module up while the class is created
+    spec.loader.exec_module(module)
+    return module
+
+
+def _prompts(target):
+    g = torch.Generator().manual_seed(0)
+    return [Prompt(f"p{i}", "random", bucket, torch.randint(3, 99, (1, n), generator=g))
+            for i, (bucket, n) in enumerate([(64, 50), (256, 200)])]
+
+
+def test_rows_are_real_and_a_corrupted_method_is_counted():
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, beam_widths=[2, 2])
+    prompts = _prompts(target)
+    plain = [target.generate(p.ids, do_sample=False, max_new_tokens=NEW) for p in prompts]
+    banned = [[int(out[0, p.ids.shape[1]])] for out, p in zip(plain, prompts)]  # each prompt's first greedy token
+    name, bad = parse_variant(f"bad=sdpa:{json.dumps({'bad_words_ids': banned})}")
+    config = BenchConfig(methods=("longspec", "sdpa", "prompt_lookup", "assisted", "bad", "longspec_sample"),
+                         temperatures=(0.7,), max_new_tokens=NEW, variants={name: bad})
+    models = BenchModels(target, draft=draft, assistant=make_target("llama", seed=1))
+    rows, notes = run_bench(models, prompts, config)
+    assert notes == []
+    assert [r.method for r in rows[:6]] == ["sdpa", "longspec", "prompt_lookup", "assisted", "bad",
+                                            "longspec_sample@0.7"]
+    by = {(r.method, r.prompt_id): r for r in rows}
+    for p, out in zip(prompts, plain):
+        ref = by["sdpa", p.id]
+        assert ref.new_tokens == out.shape[1] - p.ids.shape[1] and ref.decode_tok_s > 0 and ref.prefill_s > 0
+        assert ref.tau == 1.0 and ref.target_forwards == ref.new_tokens and ref.identical is None
+        for exact in ("longspec", "prompt_lookup", "assisted"):
+            row = by[exact, p.id]
+            assert row.identical is True and row.new_tokens == ref.new_tokens and row.error is None, row
+        spec = by["longspec", p.id]
+        assert spec.tau >= 1 and spec.steps >= 1 and spec.draft_s_per_step > 0 and spec.verify_s_per_step > 0
+        assert spec.longspec_decode_tok_s > 0 and spec.peak_memory_bytes is None  # CPU: no CUDA memory
+        assert spec.tree == [2, 2]
+        corrupted = by["bad", p.id]
+        assert corrupted.identical is False and corrupted.first_divergence == 0
+        assert corrupted.divergence_tokens[0] == banned[prompts.index(p)][0] and corrupted.top2_gap >= 0
+        sampled = by["longspec_sample@0.7", p.id]
+        assert sampled.temperature == 0.7 and sampled.identical is None and sampled.tau >= 1
+    table = {(a["method"], a["bucket"]): a for a in aggregate(rows)}
+    assert table["bad", "all"]["mismatches"] == 2 and table["longspec", "all"]["mismatches"] == 0
+    assert set(table["longspec", 64]["speedup_over"]) == {"sdpa", "prompt_lookup", "assisted"}
+    assert "| bad | all | 2 |" in format_table(aggregate(rows))
+
+
+def test_missing_models_skip_with_a_note_and_bad_names_are_refused():
+    target = make_target("llama")
+    rows, notes = run_bench(BenchModels(target), _prompts(target)[:1],
+                            BenchConfig(methods=("sdpa", "assisted", "longspec"), max_new_tokens=4, warmup=False))
+    assert [r.method for r in rows] == ["sdpa"] and len(notes) == 2 and "--assistant" in notes[0]
+    with pytest.raises(ValueError, match="unknown method"):
+        run_bench(BenchModels(target), [], BenchConfig(methods=("nope",)))
+    for spec, message in [("x", "NAME=BASE:JSON"), ("x=nope:{}", "unknown base"), ("x=sdpa:[1]", "object"),
+                          ("x=sdpa:{oops", "not JSON")]:
+        with pytest.raises(ValueError, match=message):
+            parse_variant(spec)
+    assert parse_variant('e=longspec:{"attn_implementation": "eager"}')[1].attn_implementation == "eager"
+
+
+@pytest.fixture
+def saved_target(tmp_path):
+    """A tiny target saved with a character tokenizer, and a data folder of short LongBench-style rows."""
+    tokenizer = _load(TESTS / "trainers" / "trainer_helpers.py").make_char_tokenizer()
+    make_target("llama").save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    data = tmp_path / "data"
+    data.mkdir()
+    code = "def add(a, b):\n    return a + b\n\n" * 4
+    rows = {"code_completion": [{"_id": f"c{i}", "dataset": "pyrepo-code", "input": "Continue.", "bucket": b,
+                                 "context": code * (1 + i)} for i, b in enumerate([2048, 2048, 4096])],
+            "summarization": [{"_id": "s0", "dataset": "sotu-summ", "input": "Summarise.", "bucket": 2048,
+                               "context": "The state of the union is strong. " * 6}]}
+    for name, items in rows.items():
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items))
+    return tmp_path
+
+
+def test_cli_end_to_end(saved_target, capsys):
+    out = saved_target / "out"
+    status = main(["bench", "--target", str(saved_target / "target"), "--methods", "sdpa,static_compile,longspec",
+                   "--datasets", "code_completion,summarization", "--buckets", "2048", "--per-bucket", "1",
+                   "--max-new-tokens", "6", "--dtype", "fp32", "--device", "cpu",
+                   "--data-dir", str(saved_target / "data"), "--out", str(out)])
+    assert status == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert [r["prompt_id"] for r in report["rows"]] == ["c0"] * 3 + ["s0"] * 3  # shortest prompt first
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 6
+    assert all(r["new_tokens"] and r["error"] is None for r in report["rows"])
+    static = [r for r in report["rows"] if r["method"] == "static_compile"]
+    assert all(r["compile_s"] > 0 and r["identical"] is not None for r in static)
+    assert report["meta"]["args"]["max_new_tokens"] == 6 and "T(N) - T(1)" in report["meta"]["decode_clock"]
+    assert (out / "decode_tok_s.png").stat().st_size > 0 and (out / "tau.png").stat().st_size > 0
+    assert "| longspec | all |" in capsys.readouterr().out
+    (out / "tau.png").unlink()
+    assert bench_report.main([str(out)]) == 0 and (out / "tau.png").exists()  # rebuilds a (cut-short) report
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "sdpa,nope"], "unknown ['nope']"),
+    (["--buckets", "8k"], "--buckets takes comma-separated int"),
+    (["--temperatures", "0"], "must be > 0"),
+    (["--per-bucket", "0"], "--per-bucket must be >= 1"),
+    (["--variant", "broken"], "NAME=BASE:JSON"),
+    (["--datasets", "nosuch"], "nosuch.jsonl not found"),
+    (["--target", "/no/such/model"], "not a model folder"),
+])
+def test_cli_user_errors_print_one_line(saved_target, capsys, argv, message):
+    base = {"--target": str(saved_target / "target"), "--data-dir": str(saved_target / "data"),
+            "--out": str(saved_target / "o"), "--datasets": "code_completion", "--device": "cpu"}
+    base.update(dict(zip(argv[::2], argv[1::2])))
+    assert main(["bench", *[x for kv in base.items() for x in kv]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("longspec bench: error:") and message in err[0], err
+
+
+def test_cli_help_and_unknown_flag(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "--help"])
+    assert done.value.code == 0 and "--temperatures" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "--target", "x", "--out", "y", "--no-such-flag"])
+    assert done.value.code == 2
+
+
+def test_micro_attention_smoke(tmp_path):
+    micro = _load(TESTS.parent / "benchmarks" / "micro_attention.py")
+    report = micro.main(["--tiny", "--out", str(tmp_path)])
+    assert len(report["attention"]) == 4 and json.loads((tmp_path / "micro_attention.json").read_text())
+    for row in report["attention"]:
+        assert row["err_hybrid"] < 1e-5 and row["err_eager_mask"] < 1e-5 and row["err_flash_nomask"] < 1e-5
+        assert row["hybrid_us"] > 0 and row["eager_mask_us"] > 0 and row["flash_nomask_us"] > 0
+    step = report["step"]
+    assert step["tree"] == 5 and step["verify_us"] > 0 and step["decode_static_us"] > 0
+
+
+def test_eval_lossless_uses_the_shared_helpers():
+    module = _load(TESTS.parent / "benchmarks" / "eval_lossless.py")
+    assert module.top2_logit_gap.__module__ == "transformers_longspec.bench"
