@@ -26,7 +26,9 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import accelerate
 import torch
+import transformers
 from accelerate import PartialState
 from safetensors.torch import load_file
 from transformers import TrainerCallback
@@ -51,7 +53,7 @@ class BenchConfig:
     target: str
     out: str
     work: str = "/tmp/longspec_bench"
-    tokens: str = "/tmp/longspec_bench_tokens.pt"
+    tokens: str = ""  # token cache; "" = /tmp/longspec_bench_tokens_<vocab size>.pt
     stage1_steps: int = 80
     stage1_rows: int = 16
     stage1_micro: int = 8
@@ -106,7 +108,7 @@ def _token_stream(cfg: BenchConfig, tokenizer, state: PartialState) -> torch.Ten
     lengths = [int(x) for x in cfg.memory_lengths.split(",") if x]
     needed = (cfg.stage1_steps * cfg.stage1_rows * 1024 + cfg.stage2_steps * cfg.stage2_rows * cfg.stage2_seq
               + sum(cfg.memory_steps * 2 * n for n in lengths) + 4096)
-    path = Path(cfg.tokens)
+    path = Path(cfg.tokens or f"/tmp/longspec_bench_tokens_{len(tokenizer)}.pt")
     with state.main_process_first():
         if not path.exists() or torch.load(path).numel() < needed:
             if state.is_main_process:
@@ -151,7 +153,8 @@ def _train(cfg, target, draft, rows, args, save_to: str | None, state: PartialSt
     if state.num_processes > 1:
         per_gpu = [None] * state.num_processes
         torch.distributed.all_gather_object(per_gpu, mine)
-    times = clock.step_seconds()[cfg.warmup:] or clock.step_seconds()
+    times = clock.step_seconds()
+    times = times[min(cfg.warmup, len(times) - 1) :]  # warm-up steps excluded; short probes keep their last step
     seq = len(rows[0]["input_ids"])
     global_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * state.num_processes
     step_s = sorted(times)[len(times) // 2]
@@ -178,6 +181,7 @@ def _stages(cfg: BenchConfig, target, stream: torch.Tensor, state: PartialState)
                   warmup_steps=0.05, loss_chunk_size=1024)
     stage1_dir = str(work / f"stage1-{world}gpu")
     out = {"stage1": _train(cfg, target, LongSpecDraft.from_target(target).float(), rows1, args1, stage1_dir, state)}
+    state.print(f"stage 1: {out['stage1']['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, {out['stage1']['per_gpu']}")
 
     def stage2_draft():
         return LongSpecDraft.from_pretrained(stage1_dir, target_model=target, dtype=torch.float32)
@@ -187,6 +191,7 @@ def _stages(cfg: BenchConfig, target, stream: torch.Tensor, state: PartialState)
     rows2, offset = _rows(stream, offset, cfg.stage2_steps * cfg.stage2_rows, cfg.stage2_seq)
     args2 = _args(cfg, "stage2", cfg.stage2_steps, cfg.stage2_rows, 1, world, **stage2)
     out["stage2"] = _train(cfg, target, stage2_draft(), rows2, args2, str(work / f"stage2-{world}gpu"), state)
+    state.print(f"stage 2: {out['stage2']['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, {out['stage2']['per_gpu']}")
     out["memory"] = {}
     for length in [int(x) for x in cfg.memory_lengths.split(",") if x]:
         rows, _ = _rows(stream, offset, cfg.memory_steps * world, length)
@@ -227,9 +232,12 @@ def main() -> None:
     stream = _token_stream(cfg, tokenizer, state)
     gpu = torch.cuda.get_device_name() if CUDA else "cpu"
     result = {"config": asdict(cfg), "world_size": state.num_processes, "gpu": gpu, "torch": torch.__version__,
+              "transformers": transformers.__version__, "accelerate": accelerate.__version__,
               "load_s": time.perf_counter() - start}
     result.update(_stages(cfg, target, stream, state))
-    if state.is_main_process:
+    if state.is_main_process:  # written before the reload checks too, so a cut run keeps its measurements
+        result["train_s"] = time.perf_counter() - start
+        Path(cfg.out).write_text(json.dumps(result, indent=1) + "\n")
         result["reload"] = _reload_checks(cfg, stream, Path(cfg.work) / f"stage2-{state.num_processes}gpu")
         result["total_s"] = time.perf_counter() - start
         Path(cfg.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -246,10 +246,13 @@ def save_trained_draft(trainer: LongSpecTrainer, output_dir, dtype: torch.dtype 
         if dtype is not None:
             state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
         model.save_pretrained(output_dir, state_dict=state)
-        if dtype is not None:  # config.json records the dtype of the file, not of the training weights
-            trained, model.config.dtype = model.config.dtype, str(dtype).removeprefix("torch.")
-            model.config.save_pretrained(output_dir)
-            model.config.dtype = trained
+        # config.json names the class (FSDP2 renames it FSDPLongSpecDraft) and the dtype of the file
+        trained = model.config.dtype
+        model.config.architectures = [LongSpecDraft.__name__]
+        if dtype is not None:
+            model.config.dtype = str(dtype).removeprefix("torch.")
+        model.config.save_pretrained(output_dir)
+        model.config.dtype = trained
     trainer.accelerator.wait_for_everyone()
 
 

@@ -64,6 +64,8 @@ def test_two_processes_train_like_one_and_save_loadable_drafts(tmp_path):
     trained = single.model.state_dict()
     final = load_file(tmp_path / "final" / "model.safetensors")
     assert set(final) == set(trained)  # draft tensors only: no embedding / LM head
+    config = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert config["architectures"] == ["LongSpecDraft"] and config["model_type"] == "longspec_draft"
     for name, tensor in trained.items():
         torch.testing.assert_close(final[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
 
