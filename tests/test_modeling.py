@@ -69,3 +69,57 @@ def test_draft_cache_does_not_grow_with_context():
         target.generate(ids, assistant_model=draft, max_new_tokens=3, do_sample=False)
         sizes.append(draft.last_generation_stats.draft_cache_bytes)
     assert sizes[0] == sizes[1] > 0
+
+
+def test_chunked_loss_keeps_no_logits_for_backward():
+    """Only one chunk of logits lives at a time: none is saved for the backward pass, which recomputes them."""
+    target = make_target("llama", vocab_size=1000)
+    draft = LongSpecDraft.from_target(target)
+    ids = torch.randint(3, 1000, (2, 64), generator=torch.Generator().manual_seed(0))
+    keys, values = (torch.randn(2, 2, 64, 8) for _ in range(2))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        loss = draft(input_ids=ids, target_keys=keys, target_values=values, labels=ids, loss_chunk_size=16).loss
+    assert saved and not any(shape[-1:] == (1000,) for shape in saved)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in draft.named_parameters()}
+    draft.zero_grad()
+    one_chunk = draft(input_ids=ids, target_keys=keys, target_values=values, labels=ids, loss_chunk_size=64).loss
+    one_chunk.backward()
+    torch.testing.assert_close(one_chunk, loss)
+    for name, param in draft.named_parameters():
+        torch.testing.assert_close(param.grad, grads[name], msg=name)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_gradient_checkpointing_keeps_the_gradients(reentrant):
+    """The block's input is the frozen shared embedding: checkpointing (either kind) must still train the block."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target).train()
+    ids = torch.randint(3, 99, (2, 24), generator=torch.Generator().manual_seed(0))
+    keys, values = (torch.randn(2, 2, 24, 8) for _ in range(2))
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            draft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        draft.zero_grad()
+        draft(input_ids=ids, target_keys=keys, target_values=values, labels=ids, noise_offset=2).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in draft.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, msg=name)
+
+
+@pytest.mark.parametrize("seq", [1, 5, 8, 9, 16, 31])
+def test_blockwise_sliding_window_equals_the_dense_mask(seq):
+    """The training path's blockwise window attention == SDPA with the full (seq, seq) sliding-window mask."""
+    from transformers_longspec.modeling import _attend, sliding_window_attention, sliding_window_causal_mask
+
+    gen = torch.Generator().manual_seed(seq)
+    q = torch.randn(2, 4, seq, 8, generator=gen, requires_grad=True)
+    k, v = (torch.randn(2, 2, seq, 8, generator=gen, requires_grad=True) for _ in range(2))
+    dense = _attend(q, k, v, mask=sliding_window_causal_mask(seq, 8))
+    blocked = sliding_window_attention(q, k, v, window=8)
+    torch.testing.assert_close(blocked, dense)
+    grads = torch.autograd.grad(dense.square().sum(), (q, k, v))
+    for got, want in zip(torch.autograd.grad(blocked.square().sum(), (q, k, v)), grads, strict=True):
+        torch.testing.assert_close(got, want)

@@ -8,7 +8,8 @@
                     data_collator=TokenCollator(tokenizer.pad_token_id)).train()
 
 Recipes for the three training stages are in `trainers/recipes/` (see its README.md); the `longspec train`
-command runs them.
+command runs them. Multi-GPU training (`accelerate launch` with FSDP or DeepSpeed; the frozen target is sharded by
+the trainer): `trainers/distributed/README.md`.
 
 Reference: LongSpec (arXiv 2502.17421) §3.2 and §4.1.
 """
@@ -25,8 +26,9 @@ from .data import (
 )
 from .lora import LORA_TARGET_MODULES, add_lora_to_draft, load_lora_draft, merge_lora_draft
 from .noisy import mask_noisy_labels, noise_visibility_mask, sample_noise_offset
+from .sharding import shard_target
 from .sources import python_package_sources, self_distill_texts, source_snippet_prompts
-from .trainer import LongSpecTrainer, target_last_layer_kv, unwrap_draft
+from .trainer import LongSpecTrainer, save_trained_draft, target_last_layer_kv, unwrap_draft
 
 __all__ = [
     "LORA_TARGET_MODULES",
@@ -46,7 +48,9 @@ __all__ = [
     "python_package_sources",
     "read_longbench_jsonl",
     "sample_noise_offset",
+    "save_trained_draft",
     "self_distill_texts",
+    "shard_target",
     "source_snippet_prompts",
     "target_last_layer_kv",
     "unwrap_draft",

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
+from .sharding import TARGET_SHARDING_MODES
+
 __all__ = ["LONGSPEC_DEFAULTS", "LongSpecTrainingArguments"]
 
 
@@ -27,12 +29,16 @@ class LongSpecTrainingArguments(TrainingArguments):
         index_seed (`int` or None): seed of the position-id / noise RNG; None = `seed`. Draws are derived from
             (index_seed, process, global step, micro-step), so a resumed run repeats the draws of an
             uninterrupted one.
-        loss_chunk_size (`int`): positions per LM-head chunk in the loss (bounds the logits memory).
+        loss_chunk_size (`int`): positions per LM-head chunk in the loss (bounds the logits memory: one chunk of
+            logits is alive at a time, the backward pass recomputes each).
+        target_sharding (`str`): "auto" shards the frozen target over the processes with FSDP2 when the draft
+            trains under FSDP or DeepSpeed ZeRO-3 (embedding and LM head stay whole on every process), "fsdp"
+            shards it in any multi-process run (DDP too), "none" keeps a whole copy per process.
         remove_unused_columns (`bool`): must stay False: the LongSpec collators read raw columns (`text`,
             `messages`) that the draft's `forward` does not take.
 
-    Raises: ValueError from `__post_init__` for a negative sink count, non-positive lengths, `noise_max` < 1 or
-        `remove_unused_columns=True`.
+    Raises: ValueError from `__post_init__` for a negative sink count, non-positive lengths, `noise_max` < 1, an
+        unknown `target_sharding` or `remove_unused_columns=True`.
     Reference: LongSpec §3.2 (Alg. 1 anchor-offset, Alg. 2 flash noisy training); transformers `TrainingArguments`.
     """
 
@@ -64,6 +70,10 @@ class LongSpecTrainingArguments(TrainingArguments):
     loss_chunk_size: int = field(
         default=2048, metadata={"help": "Positions per LM-head chunk in the draft loss (bounds logits memory)."}
     )
+    target_sharding: str = field(
+        default="auto",
+        metadata={"help": "Shard the frozen target over processes: auto (under FSDP / ZeRO-3), fsdp (always), none."},
+    )
     remove_unused_columns: bool = field(
         default=False,
         metadata={"help": "Must be False for LongSpec training: the collators read raw text/messages columns."},
@@ -83,6 +93,8 @@ class LongSpecTrainingArguments(TrainingArguments):
             raise ValueError(f"max_position must be a positive number of tokens or None, got {self.max_position}")
         if self.noise_max < 1:
             raise ValueError(f"noise_max must be >= 1 (1 = no noise, 4 in the paper), got {self.noise_max}")
+        if self.target_sharding not in TARGET_SHARDING_MODES:
+            raise ValueError(f"target_sharding must be one of {TARGET_SHARDING_MODES}, got {self.target_sharding!r}")
         if self.loss_chunk_size < 1:
             raise ValueError(f"loss_chunk_size must be >= 1, got {self.loss_chunk_size}")
         super().__post_init__()
@@ -93,6 +105,6 @@ LONGSPEC_DEFAULTS = {
     name: LongSpecTrainingArguments.__dataclass_fields__[name].default
     for name in (
         "anchor_offset", "anchor_sinks", "anchor_max_length", "max_position", "noisy_training", "noise_max",
-        "index_seed", "loss_chunk_size",
+        "index_seed", "loss_chunk_size", "target_sharding",
     )
 }

@@ -13,6 +13,11 @@ submodule of the draft), so optimizers and checkpoints only ever see draft weigh
 `LongSpecDraft.from_pretrained(folder, target_model=target)`. A PEFT (LoRA) wrapped draft trains the same way and
 checkpoints its adapter (see `trainers/lora.py`).
 
+Under `accelerate launch` the engine (FSDP, DeepSpeed, DDP) prepares the draft as it would any model; the trainer
+shards the frozen target itself with FSDP2 when the run shards (`target_sharding`, see `trainers/sharding.py`),
+keeping the embedding and LM head the draft shares whole on every process. `save_trained_draft` writes the final
+draft from any engine as one folder. Configurations and commands: `trainers/distributed/README.md`.
+
 Reference: LongSpec (arXiv 2502.17421) §3.2; transformers `Trainer.compute_loss` / `prediction_step`.
 """
 
@@ -28,8 +33,9 @@ from transformers_longspec.modeling import LongSpecDraft
 from .anchor_offset import anchor_offset_position_ids
 from .arguments import LONGSPEC_DEFAULTS, LongSpecTrainingArguments
 from .noisy import sample_noise_offset
+from .sharding import shard_target, target_is_sharded, wants_target_sharding
 
-__all__ = ["LongSpecTrainer", "target_last_layer_kv", "unwrap_draft"]
+__all__ = ["LongSpecTrainer", "save_trained_draft", "target_last_layer_kv", "unwrap_draft"]
 
 logger = logging.get_logger(__name__)
 
@@ -81,13 +87,15 @@ class LongSpecTrainer(Trainer):
         model: the draft (`LongSpecDraft`, or a PEFT model wrapping one).
         args: `LongSpecTrainingArguments` (a plain `TrainingArguments` gets the LongSpec defaults and
             `remove_unused_columns=False`, with a warning if it was True).
-        target_model: the target `*ForCausalLM` the draft was built for. It is put in eval mode, frozen, moved to
-            `args.device` and cast to bf16 / fp16 when `args.bf16` / `args.fp16` (else it keeps its dtype), in place.
+        target_model: the target `*ForCausalLM` the draft was built for. It is put in eval mode, frozen and cast to
+            bf16 / fp16 when `args.bf16` / `args.fp16` (else it keeps its dtype), in place; then either sharded over
+            the processes (`args.target_sharding`: under FSDP or DeepSpeed ZeRO-3 by default) or moved whole to
+            `args.device`. Load it on the CPU for a sharded run: layers reach the GPU one shard at a time.
         **kwargs: the other `Trainer` arguments (`train_dataset`, `eval_dataset`, `data_collator`, `callbacks`, ...).
             Batches need `input_ids` (batch, seq) int64 and may carry `labels` (-100 = ignored), `attention_mask`
             (right padding only) and `position_ids` (used as given, e.g. for long documents).
-    Raises: ValueError if `target_model` is missing or, without bf16/fp16 autocast, has another dtype than the
-        draft; TypeError if `model` is not a draft.
+    Raises: ValueError if `target_model` is missing, was partitioned by DeepSpeed's `zero.Init`, or, without
+        bf16/fp16 autocast, has another dtype than the draft; TypeError if `model` is not a draft.
     Reference: LongSpec §3.2; transformers `Trainer`.
     """
 
@@ -108,6 +116,7 @@ class LongSpecTrainer(Trainer):
             draft.attach_target(target_model)
         super().__init__(model=model, args=args, **kwargs)
         self.target_model = target_model
+        self._place_target()
         self._draw_step, self._draw_micro = -1, 0
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -161,6 +170,27 @@ class LongSpecTrainer(Trainer):
         return loss.detach(), None, None
 
     # ------------------------------------------------------------------ helpers (not Trainer hooks)
+    def _place_target(self) -> None:
+        """Shard the target over the processes (`trainers/sharding.py`) or move a whole copy to `args.device`.
+
+        Runs in `__init__`, after the `Trainer` made its accelerator and before the engine prepares the draft (in
+        `train` / `evaluate`), so engines that look for the draft's input embedding find an FSDP unit and skip it.
+        """
+        target = self.target_model
+        if target_is_sharded(target):
+            return
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        zero3 = plugin is not None and plugin.zero_stage == 3
+        if any(hasattr(p, "ds_id") for p in target.parameters()):
+            raise ValueError(
+                "the target was partitioned by DeepSpeed's zero.Init while loading; set zero3_init_flag: false in the "
+                "accelerate config (trainers/distributed/deepspeed_zero3.yaml) so LongSpecTrainer can shard it"
+            )
+        if wants_target_sharding(self._option("target_sharding"), self.args.world_size, self.is_fsdp_enabled, zero3):
+            shard_target(target, self.args.device)
+        else:
+            target.to(self.args.device)
+
     def _option(self, name: str):
         """A LongSpec option from `self.args`, or its default for a plain `TrainingArguments`."""
         return getattr(self.args, name, LONGSPEC_DEFAULTS[name])
@@ -192,11 +222,45 @@ class LongSpecTrainer(Trainer):
         return torch.Generator().manual_seed(int(state))
 
 
+def save_trained_draft(trainer: LongSpecTrainer, output_dir, dtype: torch.dtype | None = None) -> None:
+    """Write the trained draft as one `from_pretrained` folder, whatever engine trained it (call on every process).
+
+    The full draft state dict is gathered from the engine (FSDP shards, a DeepSpeed ZeRO-3 partition, DDP, or one
+    process: `Accelerator.get_state_dict`, a collective where weights are sharded) and the main process writes
+    `config.json` + `model.safetensors`: draft tensors only, loadable with
+    `LongSpecDraft.from_pretrained(output_dir, target_model=target)` on one GPU or on the CPU.
+
+    Args:
+        trainer: the `LongSpecTrainer` after `train()`.
+        output_dir: folder to write (created if missing).
+        dtype: cast floating tensors to this dtype in the file (e.g. torch.bfloat16); None keeps the trained dtype.
+    Raises: TypeError for a PEFT-wrapped draft (save its adapter, or merge it with `merge_lora_draft` first).
+    Reference: accelerate `Accelerator.get_state_dict`; transformers `PreTrainedModel.save_pretrained`.
+    """
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if not isinstance(model, LongSpecDraft):
+        raise TypeError(f"save_trained_draft writes a plain LongSpecDraft, got {type(model).__name__}; save a PEFT "
+                        "draft's adapter with save_pretrained or merge it first (merge_lora_draft)")
+    state = trainer.accelerator.get_state_dict(trainer.model_wrapped)
+    if trainer.is_world_process_zero():
+        if dtype is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        model.save_pretrained(output_dir, state_dict=state)
+        # config.json names the class (FSDP2 renames it FSDPLongSpecDraft) and the dtype of the file
+        trained = model.config.dtype
+        model.config.architectures = [LongSpecDraft.__name__]
+        if dtype is not None:
+            model.config.dtype = str(dtype).removeprefix("torch.")
+        model.config.save_pretrained(output_dir)
+        model.config.dtype = trained
+    trainer.accelerator.wait_for_everyone()
+
+
 def _freeze_target(target, args: TrainingArguments, draft: LongSpecDraft):
-    """Eval mode, no grads, on `args.device`, in bf16/fp16 under mixed precision; check dtypes against the draft."""
+    """Eval mode, no grads, bf16/fp16 under mixed precision (placed later); check dtypes against the draft."""
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else next(target.parameters()).dtype
     target.eval().requires_grad_(False)
-    target.to(device=args.device, dtype=dtype)
+    target.to(dtype=dtype)
     draft_dtype = next(draft.parameters()).dtype
     if not (args.bf16 or args.fp16) and draft_dtype != dtype:
         raise ValueError(

@@ -145,28 +145,34 @@ def run_train(args) -> dict:
     Raises: ValueError / FileNotFoundError / ImportError for user mistakes (bad recipe, paths, missing peft).
     Reference: LongSpec §4.1; transformers `Trainer.train`.
     """
-    from transformers_longspec.trainers import LongSpecTrainer, merge_lora_draft
+    from transformers_longspec.trainers import LongSpecTrainer, merge_lora_draft, save_trained_draft
     from transformers_longspec.trainers.recipes import build_datasets, build_training_arguments, load_recipe
 
     start = time.perf_counter()
     recipe = load_recipe(args.recipe)
     overrides, device, bf16 = _training_overrides(args, recipe)
     training_args = build_training_arguments(recipe, args.output, **overrides)
-    target, tokenizer = load_target(args.target, torch.bfloat16 if bf16 else torch.float32, device)
+    # Several processes (accelerate launch): load on the CPU; the trainer shards the target or moves it to the GPU.
+    load_device = "cpu" if training_args.world_size > 1 else device
+    target, tokenizer = load_target(args.target, torch.bfloat16 if bf16 else torch.float32, load_device)
     model = _build_model(args, recipe, target)
     train_rows, eval_rows, collator = build_datasets(recipe.data, tokenizer, target)
     print(f"longspec train: recipe {recipe.name}, {len(train_rows)} training rows, "
           f"{len(eval_rows or [])} eval rows, {recipe.data.seq_length} tokens per row")
     trainer = LongSpecTrainer(model=model, args=training_args, target_model=target, train_dataset=train_rows,
                               eval_dataset=eval_rows, data_collator=collator)
+    if args.lora and (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled):
+        raise ValueError("--lora runs on one process or under DDP (accelerate launch without FSDP/DeepSpeed): "
+                         "a one-layer draft's adapter needs no sharding")
     result = trainer.train(resume_from_checkpoint=True if args.resume else None)
     metrics = trainer.evaluate() if eval_rows else {}
     output = Path(args.output)
-    if trainer.is_world_process_zero():
-        if args.lora:
-            model.save_pretrained(output / "adapter")
-        final = merge_lora_draft(model) if args.lora else model
-        final.to({"fp32": torch.float32, "bf16": torch.bfloat16}[args.save_dtype]).save_pretrained(output)
+    save_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.save_dtype]
+    if not args.lora:
+        save_trained_draft(trainer, output, save_dtype)  # gathers sharded weights: every process takes part
+    elif trainer.is_world_process_zero():
+        model.save_pretrained(output / "adapter")
+        merge_lora_draft(model).to(save_dtype).save_pretrained(output)
     summary = {
         "recipe": recipe.name, "target": args.target, "draft_init": args.draft or "from_target", "lora": args.lora,
         "steps": result.global_step, "train_loss": result.training_loss, "eval_loss": metrics.get("eval_loss"),

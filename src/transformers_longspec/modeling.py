@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, rotate_half
@@ -53,13 +54,51 @@ def sliding_window_causal_mask(length: int, window: int, device=None) -> torch.T
     return (delta >= 0) & (delta < window)
 
 
+def sliding_window_attention(q, k, v, window: int, scale: float | None = None) -> torch.Tensor:
+    """Causal sliding-window attention over whole sequences without a (seq, seq) mask.
+
+    Query i sees keys j with i - window < j <= i (`sliding_window_causal_mask`). Queries are cut into blocks of
+    `window`; block t attends to key blocks t-1 and t under one (window, 2 x window) mask, so memory and compute grow
+    linearly with the sequence (a dense mask at 32k tokens is 1 GB of booleans and forces SDPA's quadratic path).
+
+    Args:
+        q: (batch, n_heads, seq, head_dim); k, v: (batch, n_kv_heads, seq, head_dim), already rotated.
+        window: keys per query, the query included (tokens).
+        scale: softmax scale; None = head_dim ** -0.5.
+    Returns: (batch, n_heads, seq, head_dim), dtype of `q`; equal to SDPA with `sliding_window_causal_mask`.
+    Reference: LongSpec §3.1 (sliding-window self-attention of the draft); PyTorch `scaled_dot_product_attention`.
+    """
+    batch, heads, seq, dim = q.shape
+    if seq <= window:
+        return _attend(q, k, v, is_causal=True, scale=scale)
+    blocks = -(-seq // window)
+    pad = blocks * window - seq
+
+    def split(x):  # (b, h, seq, d) -> (b, h, blocks, window, d), zero-padded at the end
+        return F.pad(x, (0, 0, 0, pad)).unflatten(2, (blocks, window))
+
+    def with_previous(x):  # (b, h, blocks, window, d) -> (b * blocks, h, 2 * window, d): [block t-1; block t]
+        previous = F.pad(x[:, :, :-1], (0, 0, 0, 0, 1, 0))
+        return torch.cat([previous, x], dim=3).transpose(1, 2).flatten(0, 1)
+
+    queries = split(q).transpose(1, 2).flatten(0, 1)  # (b * blocks, h, window, d)
+    keys, values = with_previous(split(k)), with_previous(split(v))
+    row = torch.arange(window, device=q.device)[:, None]
+    col = torch.arange(2 * window, device=q.device)[None, :]
+    mask = ((col > row) & (col <= row + window)).expand(blocks, window, 2 * window).clone()
+    mask[0, :, :window] = False  # block 0 has no previous block (those keys are padding)
+    mask = mask.unsqueeze(1).repeat(batch, 1, 1, 1)  # (b * blocks, 1, window, 2 * window)
+    out = _attend(queries, keys, values, mask=mask, scale=scale)
+    return out.unflatten(0, (batch, blocks)).transpose(1, 2).flatten(2, 3)[:, :, :seq]
+
+
 class LongSpecSelfAttention(nn.Module):
     """Sliding-window causal self-attention of the draft (GQA layout of the target)."""
 
     def __init__(self, config: LongSpecConfig):
         super().__init__()
         h, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.head_dim, self.scaling = d, d**-0.5
+        self.head_dim, self.scaling, self.window = d, d**-0.5, config.sliding_window
         self.q_proj = nn.Linear(config.hidden_size, h * d, bias=config.attention_bias)
         self.k_proj = nn.Linear(config.hidden_size, kv * d, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, kv * d, bias=config.attention_bias)
@@ -75,11 +114,15 @@ class LongSpecSelfAttention(nn.Module):
     def forward(self, hidden, cos, sin, past_keys=None, past_values=None, mask=None):
         """Attend from `hidden` (batch, q, hidden) over [past; own] keys.
 
-        `mask` is bool (q, past + q); without past and mask, the causal sliding window is built here.
+        `mask` is bool (q, past + q); without past and mask, the causal sliding window is applied blockwise
+        (`sliding_window_attention`, linear in the sequence length).
         Returns (output (batch, q, hidden), own keys, own values) — the latter for the caller's cache.
         """
         q = _rope(self._heads(self.q_proj(hidden)), cos, sin)
         k, v = self.project_kv(hidden, cos, sin)
+        if past_keys is None and mask is None:
+            out = sliding_window_attention(q, k, v, self.window, scale=self.scaling)
+            return self.o_proj(out.transpose(1, 2).flatten(2)), k, v
         keys = k if past_keys is None else torch.cat([past_keys, k], dim=2)
         values = v if past_values is None else torch.cat([past_values, v], dim=2)
         out = _attend(q, keys, values, mask=mask, scale=self.scaling)
@@ -390,9 +433,10 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(seq, device=input_ids.device).expand(batch, seq)
         hidden = self.embed(input_ids)
+        if self.block.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            hidden.requires_grad_()  # the frozen shared embedding gives no grad; reentrant checkpointing needs one
         cos, sin = self.rotary(hidden, position_ids)
-        mask = sliding_window_causal_mask(seq, self.config.sliding_window, input_ids.device)
-        hidden, _, _ = self.block(hidden, cos, sin, target_keys, target_values, mask, cross_offset=noise_offset)
+        hidden, _, _ = self.block(hidden, cos, sin, target_keys, target_values, cross_offset=noise_offset)
         hidden = self.norm(hidden)
         loss = None
         if labels is not None:
@@ -403,15 +447,28 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return LongSpecDraftOutput(loss=loss, logits=logits, hidden_states=hidden)
 
     def _chunked_loss(self, hidden, labels, chunk: int) -> torch.Tensor:
-        """Mean CE over labels != -100, computing the LM head `chunk` positions at a time."""
+        """Mean CE over labels != -100, computing the LM head `chunk` positions at a time.
+
+        With gradients on, each chunk is checkpointed: its logits are freed after the forward and recomputed in
+        the backward, so at most one chunk of (batch, chunk, vocab) logits is alive at any time (a 150k vocabulary
+        at 32k tokens would otherwise keep ~50 GB of logits and log-probs for the backward pass).
+        """
         total = hidden.float().sum() * 0.0  # stays in the graph when a batch has no supervised token
         count = (labels != -100).sum()
+        recompute = torch.is_grad_enabled() and hidden.requires_grad
         for start in range(0, hidden.shape[1], chunk):
             part = labels[:, start : start + chunk]
             if (part != -100).any():
-                logits = self.lm_logits(hidden[:, start : start + chunk])
-                total = total + F.cross_entropy(logits.flatten(0, 1), part.flatten(), reduction="sum")
+                states = hidden[:, start : start + chunk]
+                if recompute:
+                    total = total + checkpoint(self._chunk_loss_sum, states, part, use_reentrant=False)
+                else:
+                    total = total + self._chunk_loss_sum(states, part)
         return total / count.clamp(min=1)
+
+    def _chunk_loss_sum(self, hidden, labels) -> torch.Tensor:
+        """Summed CE of one chunk: normed states (batch, chunk, hidden), labels (batch, chunk) → () fp32."""
+        return F.cross_entropy(self.lm_logits(hidden).flatten(0, 1), labels.flatten(), reduction="sum")
 
     def free_static_buffers(self) -> None:
         """Release the target cache and CUDA graphs kept between `generate` calls with static shapes (the default on
@@ -426,4 +483,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return state
 
 
-__all__ = ["LongSpecDraft", "LongSpecPreTrainedModel", "LongSpecDraftOutput", "sliding_window_causal_mask"]
+__all__ = [
+    "LongSpecDraft", "LongSpecPreTrainedModel", "LongSpecDraftOutput", "sliding_window_attention",
+    "sliding_window_causal_mask",
+]
