@@ -47,7 +47,8 @@ case "$1" in
   micro)
     python3 benchmarks/micro_attention.py --out "$OUT" 2>&1 | tee "$OUT/micro.log" ;;
   greedy)
-    bench --methods sdpa,eager,static_compile,assisted,prompt_lookup,longspec \
+    bench --methods sdpa,eager,static_compile,assisted,prompt_lookup,longspec,longspec_eager \
+      --variant 'longspec_eager=longspec:{"longspec_static_shapes": false}' \
       --datasets "${DATASETS:-code_completion,summarization}" --buckets "${BUCKETS:-8192,16384,30000}" ;;
   sample)
     bench --methods sdpa,longspec,sample,longspec_sample --temperatures 1.0,0.7 \

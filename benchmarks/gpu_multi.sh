@@ -19,10 +19,15 @@ python3 -c "import torch, transformers, accelerate; print('torch', torch.__versi
   transformers.__version__, 'accelerate', accelerate.__version__, 'gpus', torch.cuda.device_count())"
 echo "target $TARGET, engine $ENGINE"
 
+PART=${1:-both}  # one | two | both (a lease may run the 1-GPU part earlier, beside other work; ONE_JSON points to it)
+ONE_JSON=${ONE_JSON:-$OUT/one_gpu.json}
+if [ "$PART" != two ]; then
 # shellcheck disable=SC2086
-CUDA_VISIBLE_DEVICES=0 timeout 270 python3 benchmarks/bench_distributed.py --target "$TARGET" \
+CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 270 python3 benchmarks/bench_distributed.py --target "$TARGET" \
   --out "$OUT/one_gpu.json" $STEPS 2>&1 | grep -Ev "$QUIET" > "$OUT/one_gpu.log"
 echo "1 GPU: rc ${PIPESTATUS[0]}, $(tail -c 300 "$OUT/one_gpu.log")"
+fi
+[ "$PART" = one ] && exit 0
 
 if [ "$ENGINE" = ddp ]; then
   LAUNCH=(--multi_gpu --mixed_precision bf16) EXTRA="--target-sharding fsdp"
@@ -35,9 +40,9 @@ timeout 270 python3 -m accelerate.commands.launch "${LAUNCH[@]}" --num_processes
   | grep -Ev "$QUIET" > "$OUT/two_gpu.log"
 echo "2 GPUs: rc ${PIPESTATUS[0]}, $(tail -c 300 "$OUT/two_gpu.log")"
 
-if [ -f "$OUT/one_gpu.json" ] && [ -f "$OUT/two_gpu.json" ]; then
-  python3 benchmarks/plot_distributed.py "$OUT/one_gpu.json" "$OUT/two_gpu.json" --summary "$OUT/summary.json" \
+if [ -f "$ONE_JSON" ] && [ -f "$OUT/two_gpu.json" ]; then
+  python3 benchmarks/plot_distributed.py "$ONE_JSON" "$OUT/two_gpu.json" --summary "$OUT/summary.json" \
     | tee "$OUT/summary.md"
-  python3 benchmarks/plot_distributed.py "$OUT/one_gpu.json" "$OUT/two_gpu.json" --png "$OUT/loss_curves.png" \
+  python3 benchmarks/plot_distributed.py "$ONE_JSON" "$OUT/two_gpu.json" --png "$OUT/loss_curves.png" \
     > /dev/null || echo "no loss_curves.png here (matplotlib missing): run plot_distributed.py --png on the JSONs"
 fi

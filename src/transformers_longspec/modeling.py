@@ -16,6 +16,7 @@ Reference: LongSpec (arXiv 2502.17421) §3.1; transformers `modeling_llama.py` f
 
 from __future__ import annotations
 
+import importlib
 import weakref
 from dataclasses import dataclass
 
@@ -151,9 +152,10 @@ class LongSpecCrossAttention(nn.Module):
         """
         q = _rope(self.q_proj(hidden).view(*hidden.shape[:-1], -1, self.head_dim).transpose(1, 2), cos, sin)
         if tail_mask is not None:
-            from .attention import hybrid_tree_attention  # inference with static shapes only: flash + masked tail
-
-            out = hybrid_tree_attention(q, target_keys, target_values, tail_mask.expand(q.shape[2], -1), self.scaling)
+            # static-shape inference (static_step.py) only; imported by name so that this file also loads alone as Hub
+            # remote code, where that path is never taken
+            hybrid = importlib.import_module(".attention", __package__).hybrid_tree_attention
+            out = hybrid(q, target_keys, target_values, tail_mask.expand(q.shape[2], -1), self.scaling)
         elif offset is None:
             out = _attend(q, target_keys, target_values, scale=self.scaling)
         else:
