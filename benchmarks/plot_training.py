@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -108,9 +109,10 @@ def tau_table(result: dict) -> str:
              "ratio |", "|---|---|---|---|---|---|---|---|---|"]
     for (dataset, bucket, draft), rows in sorted(groups.items()):
         plain, spec = _mean(r["plain_tok_s"] for r in rows), _mean(r["longspec_tok_s"] for r in rows)
+        ratio = _num(spec / plain if plain else None, 2)  # plain is NaN when a tiny run's timing was below noise
         lines.append(f"| {dataset} | {bucket} | {draft} | {_mean(r['prompt_tokens'] for r in rows):.0f} | "
-                     f"{verdict(rows)} | {_mean(r['tau'] for r in rows):.2f} | {plain:.1f} | {spec:.1f} | "
-                     f"{spec / plain if plain else 0:.2f}x |")
+                     f"{verdict(rows)} | {_mean(r['tau'] for r in rows):.2f} | {_num(plain, 1)} | {_num(spec, 1)} | "
+                     f"{ratio if ratio == '-' else ratio + 'x'} |")
     return "\n".join(lines)
 
 
@@ -148,7 +150,7 @@ def _mean(values) -> float:
 
 
 def _num(value, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
 def _read(path: Path) -> dict | None:

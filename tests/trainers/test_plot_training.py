@@ -51,6 +51,25 @@ def test_loss_curves_reads_log_history():
         plot_training.loss_curves({"steps": 3})
 
 
+def _ablation_result():
+    rows = [_row("ablate-full", tau=2.5), _row("ablate-noanchor", identical=False, tau=1.5, near_tie=True),
+            _row("ablate-full", bucket=30000, identical=False, near_tie=False, tau=2.0)]
+    return {"meta": {"dtype": "bfloat16"}, "rows": rows}
+
+
+def test_tables():
+    text = plot_training.training_table({"main": _summary([9.0, 5.0], [(20, 4.5)])})
+    assert "| main | 20 | 5.000 | 4.500 | 2 | 3 | 12 |" in text
+    text = plot_training.tau_table(_ablation_result())
+    assert "0/1 identical, 1 near-tie" in text and "0/1 identical, **1 NOT near-tie**" in text
+    assert "| code_completion | 16384 | ablate-full | 16384 | 1/1 identical | 2.50 | 20.0 | 40.0 | 2.00x |" in text
+    text = plot_training.tau_pivot(_ablation_result())
+    assert "| draft | code_completion 16384 | code_completion 30000 | mean |" in text
+    assert "| ablate-noanchor | 1.50 | - | 1.50 |" in text
+    text = plot_training.divergence_table(_ablation_result())
+    assert "| p-30000 | ablate-full | 7 | 20.00 | 0.1250 | **no** |" in text
+
+
 def test_report_writes_plots_and_tables(tmp_path):
     pytest.importorskip("matplotlib")
     results, out = tmp_path / "res", tmp_path / "out"
@@ -58,17 +77,13 @@ def test_report_writes_plots_and_tables(tmp_path):
     (results / "train_main.json").write_text(json.dumps(_summary([9.0, 5.0], [(20, 4.5)])))
     for variant in ("full", "noanchor"):
         (results / f"train_ablate_{variant}.json").write_text(json.dumps(_summary([9.0, 6.0], [(20, 5.0)])))
-    rows = [_row("ablate-full", tau=2.5), _row("ablate-noanchor", identical=False, tau=1.5, near_tie=True),
-            _row("ablate-full", bucket=30000, identical=False, near_tie=False, tau=2.0)]
-    (results / "tau_ablation.json").write_text(json.dumps({"meta": {"dtype": "bfloat16"}, "rows": rows}))
+    (results / "tau_ablation.json").write_text(json.dumps(_ablation_result()))
     written = plot_training.report(results, out)
     assert [p.name for p in written] == ["loss_main.png", "loss_ablation.png", "tau_tables.md"]
     assert all(p.stat().st_size > 1000 for p in written[:2])
     text = (out / "tau_tables.md").read_text()
-    assert "| main | 20 | 5.000 | 4.500 | 2 | 3 | 12 |" in text
-    assert "0/1 identical, 1 near-tie" in text and "0/1 identical, **1 NOT near-tie**" in text
-    assert "| draft | code_completion 16384 | code_completion 30000 | mean |" in text  # the τ pivot
-    assert "| ablate-noanchor | 1.50 | - | 1.50 |" in text
+    assert "no flash noisy training" not in text and "| no anchor-offset | 20 | 6.000 | 5.000 |" in text
+    assert "**1 NOT near-tie**" in text and "| ablate-noanchor | 1.50 | - | 1.50 |" in text
 
 
 def test_near_tie_verdict_on_a_tiny_target():
