@@ -13,6 +13,7 @@ MODULES = [
     "transformers_longspec.cache", "transformers_longspec.tree", "transformers_longspec.verification",
     "transformers_longspec.attention", "transformers_longspec.generation", "transformers_longspec.compat",
     "transformers_longspec.demo", "transformers_longspec.kernels", "transformers_longspec.trainers",
+    "transformers_longspec.checkpoint", "transformers_longspec.hub", "transformers_longspec.model_cards",
 ]
 
 
