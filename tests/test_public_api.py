@@ -14,6 +14,7 @@ MODULES = [
     "transformers_longspec.attention", "transformers_longspec.generation", "transformers_longspec.compat",
     "transformers_longspec.demo", "transformers_longspec.kernels", "transformers_longspec.trainers",
     "transformers_longspec.bench", "transformers_longspec.bench_report", "transformers_longspec.cli_bench",
+    "transformers_longspec.checkpoint", "transformers_longspec.hub", "transformers_longspec.model_cards",
 ]
 
 

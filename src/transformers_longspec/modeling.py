@@ -17,6 +17,9 @@ Reference: LongSpec (arXiv 2502.17421) §3.1; transformers `modeling_llama.py` f
 from __future__ import annotations
 
 import importlib
+import os
+import tempfile
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -29,6 +32,14 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, rotate_half
 from transformers.utils import ModelOutput
 
+from .checkpoint import (
+    check_loading_info,
+    check_saved_draft,
+    create_hub_repo,
+    local_draft_folder,
+    non_finite_parameters,
+    upload_draft_folder,
+)
 from .configuration import LongSpecConfig, check_target_config, size_mismatches
 
 
@@ -274,26 +285,54 @@ class LongSpecDraft(LongSpecPreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, target_model=None, **kwargs):
         """`PreTrainedModel.from_pretrained`, then `attach_target(target_model)` when one is given.
 
-        The draft is moved to the target's device and dtype unless `dtype`/`device_map` are passed.
-        Raises: ValueError if the saved draft does not fit `target_model` (see `attach_target`).
+        A local folder is checked before any weight is read (`checkpoint.py`). The draft is moved to the target's
+        device and dtype unless `dtype`/`device_map` are passed.
+        Raises: ValueError, naming the problem and the fix, for a local path that is missing or a file, a folder
+            without a LongSpec config.json (e.g. the target's folder), missing / truncated safetensors, tensors
+            missing, unexpected or mis-shaped for the config, weights holding NaN or inf, or a draft that does not
+            fit `target_model` (see `attach_target`).
         Reference: transformers `PreTrainedModel.from_pretrained`.
         """
-        draft = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        folder = local_draft_folder(pretrained_model_name_or_path, kwargs.get("subfolder", ""))
+        if folder is not None and kwargs.get("variant") is None:
+            check_saved_draft(folder, cls)
+        want_info = kwargs.pop("output_loading_info", False)
+        draft, info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
+        check_loading_info(info, pretrained_model_name_or_path)
+        broken = non_finite_parameters(draft)
+        if broken:
+            raise ValueError(
+                f"the draft weights in {os.fspath(pretrained_model_name_or_path)!r} hold NaN or inf ({broken[:4]}): a "
+                "corrupted file or a diverged training run; download the draft again or retrain it"
+            )
         if target_model is not None:
             if "dtype" not in kwargs and "torch_dtype" not in kwargs and "device_map" not in kwargs:
                 param = next(target_model.parameters())
                 draft.to(device=param.device, dtype=param.dtype)
             draft.attach_target(target_model)
-        return draft
+        return (draft, info) if want_info else draft
 
     def attach_target(self, target_model) -> LongSpecDraft:
         """Use `target_model`'s embedding, LM head and rotary embedding (shared, never copied or saved).
 
         Raises: ValueError naming the mismatch if the target is unsupported or its vocabulary, hidden size, heads
-            or head_dim differ from this draft's config (a draft trained for another target).
+            or head_dim differ from this draft's config (a draft trained for another target). Warns (UserWarning)
+            when only the target family or layer count differs: output stays exact, acceptance will be low.
         Reference: LongSpec §3.1 (shared embedding and LM head).
         """
         self.check_target_sizes(target_model)
+        text = target_model.config.get_text_config()
+        built_for = (self.config.target_model_type, self.config.target_num_hidden_layers)
+        if None not in built_for and built_for != (text.model_type, text.num_hidden_layers):
+            warnings.warn(
+                f"this draft was built for a {built_for[0]} target with {built_for[1]} layers, not for this "
+                f"{text.model_type} target with {text.num_hidden_layers}; generation stays exact, but expect few "
+                "accepted tokens unless the draft was trained for this target",
+                UserWarning,
+                stacklevel=2,
+            )
         decoder = target_model.get_decoder()
         self.__dict__["_shared"] = _SharedTarget(
             model=weakref.ref(target_model),
@@ -476,6 +515,53 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         """Release the target cache and CUDA graphs kept between `generate` calls with static shapes (the default on
         CUDA, `generation.longspec_tree_decode`); the next call allocates them again."""
         self.__dict__.pop("_static_step", None)
+    # ------------------------------------------------------------------ saving: a folder ready for the Hub
+    def save_pretrained(self, save_directory, *args, model_card: bool = True, **kwargs):
+        """`PreTrainedModel.save_pretrained`, writing a folder ready to push to the Hub.
+
+        The folder holds `config.json` (with `auto_map`), `model.safetensors` (draft weights only: the target's
+        embedding and LM head are never saved), the remote-code modules `configuration.py`, `modeling.py` and
+        `checkpoint.py` (so `AutoModel.from_pretrained(folder, trust_remote_code=True)` loads the draft without this
+        package), and `README.md`, the model card made from `model_cards/longspec_draft.md` by
+        `transformers_longspec.hub.write_model_card`.
+
+        Args:
+            save_directory: the folder (created if needed).
+            model_card: write README.md (needs the transformers-longspec package; skipped with a warning without it).
+            **kwargs: as transformers' `save_pretrained`. `repo_id`: the Hub repository named in the card's code
+                (default: the folder's name) and, with `push_to_hub=True`, where the folder is uploaded, card included
+                (`commit_message`, `private`, `token`, `revision`, `create_pr` as in `push_to_hub`).
+        Reference: transformers `PreTrainedModel.save_pretrained`, `custom_object_save`; huggingface_hub `ModelCard`.
+        """
+        push = kwargs.pop("push_to_hub", False)
+        upload = {k: kwargs.pop(k) for k in ("commit_message", "token", "revision", "create_pr") if k in kwargs}
+        repo_id, private = kwargs.pop("repo_id", None), kwargs.pop("private", None)
+        if push:  # resolved first, so that the card names the repository the folder lands in
+            repo_id = create_hub_repo(repo_id or os.path.basename(os.path.abspath(save_directory)), private,
+                                      upload.get("token"))
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if model_card and kwargs.get("is_main_process", True):
+            try:  # absolute import: the Hub copy of this file (remote code) runs without the package
+                from transformers_longspec.hub import write_model_card
+            except ImportError:
+                warnings.warn("README.md not written: the LongSpec model card needs the transformers-longspec package")
+            else:
+                write_model_card(self, save_directory, repo_id=repo_id)
+        return upload_draft_folder(save_directory, repo_id, **upload) if push else None
+
+    def push_to_hub(self, repo_id: str, *, commit_message: str | None = None, private: bool | None = None,
+                    token=None, revision: str | None = None, create_pr: bool = False, **save_kwargs) -> str:
+        """Upload the folder `save_pretrained` writes (weights, config with `auto_map`, remote code, model card).
+
+        transformers' own `push_to_hub` would replace the LongSpec model card with a generic one.
+        Args: as transformers' `push_to_hub`; `**save_kwargs` go to `save_pretrained` (e.g. `max_shard_size`).
+        Returns: the URL of the commit.
+        Reference: huggingface_hub `HfApi.create_repo`, `HfApi.upload_folder`.
+        """
+        with tempfile.TemporaryDirectory() as folder:
+            return self.save_pretrained(folder, push_to_hub=True, repo_id=repo_id, commit_message=commit_message,
+                                        private=private, token=token, revision=revision, create_pr=create_pr,
+                                        **save_kwargs)
 
     # ------------------------------------------------------------------ copies must not drag the target along
     def __getstate__(self):
@@ -484,6 +570,10 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         state.pop("_static_step", None)
         return state
 
+
+# save_pretrained writes `auto_map` and copies this file (with configuration.py and checkpoint.py, its only relative
+# imports) beside the weights: `AutoModel.from_pretrained(folder, trust_remote_code=True)` then needs no package.
+LongSpecDraft.register_for_auto_class("AutoModel")
 
 __all__ = [
     "LongSpecDraft", "LongSpecPreTrainedModel", "LongSpecDraftOutput", "sliding_window_attention",

@@ -121,6 +121,8 @@ def test_cli_trains_continues_and_lora_adapts(tmp_path):
     assert draft.config.sliding_window == 16
     saved = json.loads((tmp_path / "d1" / "longspec_training.json").read_text())
     assert saved["recipe"] == "tiny" and saved["log_history"] == summary["log_history"]
+    card = (tmp_path / "d1" / "README.md").read_text()  # the model card quotes the training record
+    assert "Recipe `tiny`: tiny CLI test" in card and "2 steps" in card and "weights saved in bf16" in card
 
     summary = _run([*common, "--output", str(tmp_path / "d2"), "--draft", str(tmp_path / "d1"), "--max-steps", "1",
                     "--lora", "--lora-r", "2"])

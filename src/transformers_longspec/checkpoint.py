@@ -1,0 +1,191 @@
+"""Saved LongSpec draft folders: checks run before their weights are loaded, and upload to the Hub.
+
+A folder from `LongSpecDraft.save_pretrained` holds `config.json` (model_type "longspec_draft"),
+`model.safetensors` and this package's remote-code modules. A partial copy or download, a truncated file, a
+target's folder passed by mistake, or a checkpoint from another draft layout would otherwise load with randomly
+initialised weights behind a warning; here each one raises a ValueError naming the problem and the fix.
+
+This module is copied beside the weights by `save_pretrained` (remote code for `trust_remote_code=True`), so it
+imports only the standard library, torch, safetensors and huggingface_hub (all installed with transformers).
+
+Reference: transformers `PreTrainedModel.from_pretrained` (checkpoint layout, `output_loading_info`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from huggingface_hub import HfApi
+from safetensors import SafetensorError, safe_open
+
+MODEL_TYPE = "longspec_draft"
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+_FIX = "re-save the draft with draft.save_pretrained(folder) or download it again"
+
+
+def local_draft_folder(name_or_path, subfolder: str = "") -> Path | None:
+    """The local folder `name_or_path` names, or None when it is a Hub repository id.
+
+    Args:
+        name_or_path: what the user passed to `from_pretrained` (str or os.PathLike).
+        subfolder: `from_pretrained`'s `subfolder` argument.
+    Returns: the folder, or None for a Hub id (left to transformers).
+    Raises: ValueError if it names a file, or a path (absolute, or starting with "." or "~") that does not exist.
+    """
+    text = os.fspath(name_or_path)
+    path = Path(os.path.expanduser(text))
+    if path.is_dir():
+        return path / subfolder if subfolder else path
+    if path.exists():
+        raise ValueError(f"{text!r} is a file; pass the folder the draft was saved to (the one holding config.json)")
+    if path.is_absolute() or text.startswith((".", "~")):
+        raise ValueError(
+            f"no folder {text!r}; pass the folder a draft was saved to with save_pretrained, or a Hub repository id"
+        )
+    return None
+
+
+def read_draft_config(folder: Path) -> dict:
+    """The folder's `config.json` as a dict, checked to describe a LongSpec draft.
+
+    Raises: ValueError if config.json is missing, is not a JSON object, or has another model_type (e.g. a
+        target's folder passed instead of the draft's).
+    """
+    path = folder / CONFIG_NAME
+    if not path.is_file():
+        raise ValueError(f"{folder} has no {CONFIG_NAME}, so it is not a saved LongSpec draft; {_FIX}")
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); {_FIX}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a JSON object; {_FIX}")
+    model_type = config.get("model_type")
+    if model_type != MODEL_TYPE:
+        raise ValueError(
+            f"{path} describes a {model_type!r} model, not a LongSpec draft (model_type {MODEL_TYPE!r}); pass the "
+            "draft's folder, not the target's, or build a new draft with LongSpecDraft.from_target(target)"
+        )
+    return config
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / WEIGHTS_INDEX_NAME
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{index} is not a valid shard index ({err!r}); {_FIX}") from None
+        files = [folder / n for n in names]
+    else:
+        files = [folder / WEIGHTS_NAME]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"{folder} lacks {missing} (a partial copy or download?); {_FIX}")
+    return files
+
+
+def saved_tensor_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} read from the safetensors headers of the folder (no weights are read).
+
+    Raises: ValueError if a weight file is missing, truncated or not a safetensors file.
+    """
+    shapes = {}
+    for path in _weight_files(folder):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    shapes[key] = tuple(f.get_slice(key).get_shape())
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"{path} is truncated or not a safetensors file ({err}); {_FIX}") from None
+    return shapes
+
+
+def compare_state_shapes(saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], where) -> None:
+    """Raise ValueError naming missing, unexpected and mis-shaped tensors of a checkpoint.
+
+    Args:
+        saved: {name: shape} in the checkpoint. expected: {name: shape} of the model its config describes.
+        where: the folder or Hub id (for the message).
+    """
+    _raise_for_keys(
+        missing=sorted(set(expected) - set(saved)),
+        unexpected=sorted(set(saved) - set(expected)),
+        mismatched=sorted(k for k in set(saved) & set(expected) if tuple(saved[k]) != tuple(expected[k])),
+        where=where,
+    )
+
+
+def check_saved_draft(folder: Path, model_cls) -> None:
+    """Raise ValueError unless `folder` holds a complete draft: its config and tensors matching that config.
+
+    Args:
+        folder: a local draft folder. model_cls: the draft class (`LongSpecDraft`), built on the meta device from the
+            folder's config to know the expected tensor names and shapes (no memory, no weights read).
+    Raises: ValueError from `read_draft_config`, the config's own validation, `saved_tensor_shapes` or
+        `compare_state_shapes`.
+    """
+    read_draft_config(folder)
+    config = model_cls.config_class.from_pretrained(folder)
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in model_cls(config).state_dict().items()}
+    compare_state_shapes(saved_tensor_shapes(folder), expected, folder)
+
+
+def check_loading_info(info: dict, where) -> None:
+    """Raise ValueError if transformers' loading report lists missing, unexpected or mis-shaped tensors.
+
+    Args:
+        info: the dict `from_pretrained(..., output_loading_info=True)` returns.
+        where: the folder or Hub id (for the message).
+    """
+    _raise_for_keys(*(sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")),
+                    where=where)
+
+
+def _raise_for_keys(missing: list, unexpected: list, mismatched: list, where) -> None:
+    problems = [f"{label} {names[:4]}{' ...' if len(names) > 4 else ''}"
+                for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mismatched))
+                if names]
+    if problems:
+        raise ValueError(
+            f"the weights in {os.fspath(where)!r} do not match the draft its config.json describes "
+            f"({'; '.join(problems)}): a checkpoint of another model or a partial save; {_FIX}"
+        )
+
+
+def non_finite_parameters(model: torch.nn.Module) -> list[str]:
+    """Names of floating-point parameters holding NaN or inf (a corrupted file or a diverged training run)."""
+    return [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
+
+
+def create_hub_repo(repo_id: str, private: bool | None = None, token=None) -> str:
+    """Create the Hub model repository `repo_id` if needed; return its full id ("owner/name").
+
+    Reference: huggingface_hub `HfApi.create_repo`.
+    """
+    return HfApi(token=token).create_repo(repo_id, private=private, exist_ok=True).repo_id
+
+
+def upload_draft_folder(folder, repo_id: str, commit_message: str | None = None, token=None,
+                        revision: str | None = None, create_pr: bool = False) -> str:
+    """Upload a saved draft folder, model card included, as one commit; return the commit URL.
+
+    Reference: huggingface_hub `HfApi.upload_folder`.
+    """
+    commit = HfApi(token=token).upload_folder(repo_id=repo_id, folder_path=os.fspath(folder), revision=revision,
+                                              create_pr=create_pr,
+                                              commit_message=commit_message or "Upload LongSpec draft")
+    return str(commit)
+
+
+__all__ = [
+    "local_draft_folder", "read_draft_config", "saved_tensor_shapes", "compare_state_shapes", "check_saved_draft",
+    "check_loading_info",
+    "non_finite_parameters", "create_hub_repo", "upload_draft_folder", "MODEL_TYPE", "WEIGHTS_NAME",
+]

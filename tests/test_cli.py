@@ -1,0 +1,63 @@
+"""The `longspec` command: --help a new user can follow; user mistakes give one line on stderr, exit status 2 and no
+traceback, before any model loads. (`longspec train` end to end: tests/trainers/test_recipes_cli.py.)"""
+
+import re
+
+import pytest
+import torch
+
+from transformers_longspec.cli import main
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], ["examples:", "A *target* is the model", "tau", "longspec COMMAND --help"]),
+    (["demo"], ["--task", "bundled trained draft", "tau"]),
+    (["generate"], ["--target MODEL", "--draft FOLDER", "--tree WIDTHS", "identical", "example:"]),
+    (["train"], ["--recipe NAME_OR_JSON", "stage1", "LoRA", "example:"]),
+])
+def test_help_explains_each_command(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for phrase in expected:
+        assert phrase in text, phrase
+
+
+# (argv, expected message); {tmp} is replaced by a fresh temporary folder
+MISTAKES = {
+    "tree with a zero": (["generate", "--prompt", "hi", "--tree", "4,0"], "--tree takes comma-separated positive"),
+    "tree not numbers": (["generate", "--prompt", "hi", "--tree", "4,x"], "--tree takes comma-separated positive"),
+    "bad dtype": (["generate", "--prompt", "hi", "--dtype", "float64"], "invalid choice: 'float64'"),
+    "no prompt": (["generate", "--target", "{tmp}"], "give --prompt TEXT or --prompt-file PATH"),
+    "missing prompt file": (["generate", "--prompt-file", "{tmp}/prompt.txt"], "prompt.txt': no such file"),
+    "missing draft folder": (["generate", "--prompt", "hi", "--draft", "{tmp}/draft"], "--draft .*no folder"),
+    "draft folder without config": (["generate", "--prompt", "hi", "--draft", "{tmp}"], "has no config.json"),
+    "zero new tokens": (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    "missing target": (["generate", "--prompt", "hi", "--target", "{tmp}/model"], "not a model folder, a .gguf"),
+    "unknown command": (["serve"], "invalid choice: 'serve'"),
+    "train unknown recipe": (["train", "--recipe", "no-such", "--target", "smollm2", "--output", "{tmp}/o"],
+                             "no-such"),
+    "train lora without draft": (["train", "--recipe", "stage1", "--target", "smollm2", "--output", "{tmp}/o",
+                                  "--lora"], "--lora adapts a trained draft"),
+    "train bad --set": (["train", "--recipe", "stage1", "--target", "smollm2", "--output", "{tmp}/o", "--set", "lr"],
+                        "--set expects KEY=VALUE"),
+    "train zero steps": (["train", "--recipe", "stage1", "--target", "smollm2", "--output", "{tmp}/o",
+                          "--max-steps", "0"], "--max-steps must be >= 1"),
+}
+if not torch.cuda.is_available():
+    MISTAKES["cuda without a GPU"] = (["generate", "--prompt", "hi", "--device", "cuda"], "no CUDA device")
+
+
+@pytest.mark.parametrize("case", sorted(MISTAKES))
+def test_user_mistake_is_one_line_and_status_2(case, tmp_path, capsys):
+    argv, message = MISTAKES[case]
+    status = None
+    try:
+        status = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    except SystemExit as exit_info:  # argparse's own usage errors
+        status = exit_info.code
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("longspec") and re.search(message, err), err
