@@ -208,8 +208,9 @@ def _reload_checks(cfg: BenchConfig, stream: torch.Tensor, folder: Path) -> dict
     whole, _ = load_target(cfg.target, torch.bfloat16 if CUDA else torch.float32, "cuda" if CUDA else "cpu")
     draft = LongSpecDraft.from_pretrained(folder, target_model=whole)
     prompt = stream[-2048:].view(1, -1).to(whole.device)
-    plain = whole.generate(prompt, max_new_tokens=64, do_sample=False)
-    spec = whole.generate(prompt, assistant_model=draft, max_new_tokens=64, do_sample=False)
+    mask = torch.ones_like(prompt)  # packed text holds the pad (= document separator) id: content, not padding
+    plain = whole.generate(prompt, attention_mask=mask, max_new_tokens=64, do_sample=False)
+    spec = whole.generate(prompt, attention_mask=mask, assistant_model=draft, max_new_tokens=64, do_sample=False)
     vocab_sized = sum(whole.config.vocab_size in t.shape for t in saved.values())  # 0: no embedding / LM head saved
     gpu = {"tensors": len(saved), "vocab_sized_tensors": vocab_sized, "tau": draft.last_generation_stats.tau,
            "generate_identical_bf16": bool(torch.equal(plain, spec))}

@@ -29,10 +29,11 @@ from pathlib import Path
 
 import torch
 
+from transformers_longspec.bench import default_eval_dir, select_eval_rows, timed_call, top2_logits
 from transformers_longspec.cli import load_draft, load_target
 from transformers_longspec.demo import eval_prompt
 
-EVAL_DIR = Path(os.environ.get("LONGSPEC_EVAL_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"))
+EVAL_DIR = default_eval_dir()
 
 
 @dataclass
@@ -54,28 +55,10 @@ class Row:
     longspec_tok_s: float = 0.0
 
 
-def _timed(fn):
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - start
-
-
 def ulp(value: float, dtype: torch.dtype) -> float:
     """Unit in the last place of `value` in `dtype` (bf16: 0.125 for 16 <= |value| < 32; fp32: 2**-19 there)."""
     info = torch.finfo(dtype)
     return info.eps * 2.0 ** math.floor(math.log2(max(abs(value), info.tiny)))
-
-
-def _top2(target, sequence: torch.Tensor, position: int) -> tuple[float, float]:
-    """(top-1 logit, top-1 minus top-2 logit) of plain decoding after `sequence[:, :position]`."""
-    with torch.no_grad():
-        logits = target(sequence[:, :position], logits_to_keep=1).logits[0, -1].float()
-    top = logits.topk(2).values
-    return float(top[0]), float(top[0] - top[1])
 
 
 def _compare(target, plain: torch.Tensor, spec: torch.Tensor, prompt_len: int, near_tie_ulps: float) -> dict:
@@ -85,7 +68,8 @@ def _compare(target, plain: torch.Tensor, spec: torch.Tensor, prompt_len: int, n
     length = min(plain.shape[1], spec.shape[1])
     diff = (plain[0, :length] != spec[0, :length]).nonzero()
     position = int(diff[0]) if diff.numel() else length
-    top1, gap = _top2(target, plain, position)
+    top1, top2 = top2_logits(target, plain, position)
+    gap = top1 - top2
     dtype = next(target.parameters()).dtype
     return {"identical": False, "first_divergence": position - prompt_len, "top2_gap": gap, "top1_logit": top1,
             "near_tie": gap <= near_tie_ulps * ulp(top1, dtype)}
@@ -94,8 +78,8 @@ def _compare(target, plain: torch.Tensor, spec: torch.Tensor, prompt_len: int, n
 def evaluate_prompt(target, drafts: dict, ids, max_new_tokens: int, widths, near_tie_ulps: float = 4.0) -> list[dict]:
     """Plain greedy once, then LongSpec greedy with each draft; one result dict per draft (same order)."""
     extra = {} if widths is None else {"longspec_beam_widths": widths}
-    _, prefill = _timed(lambda: target.generate(ids, do_sample=False, max_new_tokens=1))
-    plain, t_plain = _timed(lambda: target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens))
+    _, prefill = timed_call(lambda: target.generate(ids, do_sample=False, max_new_tokens=1))
+    plain, t_plain = timed_call(lambda: target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens))
     n = plain.shape[1] - ids.shape[1]
     plain_tok_s = (n - 1) / (t_plain - prefill) if t_plain > prefill else float("nan")  # noise on tiny CPU runs
     results = []
@@ -117,19 +101,6 @@ def _warm_up(target, drafts: dict, ids: torch.Tensor, widths) -> None:
     target.generate(short, do_sample=False, max_new_tokens=8)
     for draft in drafts.values():
         target.generate(short, assistant_model=draft, do_sample=False, max_new_tokens=8, **extra)
-
-
-def _prompts(name: str, buckets: set[int], per_bucket: int) -> list[dict]:
-    """The first `per_bucket` rows of each wanted bucket of `EVAL_DIR/name.jsonl` (rows without a bucket: all)."""
-    chosen, seen = [], {}
-    for line in (EVAL_DIR / f"{name}.jsonl").open():
-        row = json.loads(line)
-        bucket = row.get("bucket", 0)
-        if (bucket and bucket not in buckets) or seen.get(bucket, 0) >= per_bucket:
-            continue
-        seen[bucket] = seen.get(bucket, 0) + 1
-        chosen.append(row)
-    return chosen
 
 
 def _commit() -> str:
@@ -171,7 +142,7 @@ def main() -> None:
     print(f"eval_lossless: target + {len(drafts)} draft(s) loaded in {time.perf_counter() - start:.1f} s", flush=True)
     rows, warmed = [], False
     for name in args.datasets.split(","):
-        for row in _prompts(name, buckets, args.per_bucket):
+        for row in select_eval_rows(EVAL_DIR / f"{name}.jsonl", buckets, args.per_bucket):
             ids = eval_prompt(row, tokenizer, args.max_context).to(args.device)
             if not warmed:
                 _warm_up(target, drafts, ids, widths)

@@ -163,4 +163,5 @@ def test_micro_attention_smoke(tmp_path):
 
 def test_eval_lossless_uses_the_shared_helpers():
     module = _load(TESTS.parent / "benchmarks" / "eval_lossless.py")
-    assert module.top2_logit_gap.__module__ == "transformers_longspec.bench"
+    assert module.top2_logits.__module__ == "transformers_longspec.bench"
+    assert module.select_eval_rows.__module__ == "transformers_longspec.bench"

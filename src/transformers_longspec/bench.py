@@ -310,21 +310,27 @@ def first_divergence(reference: torch.Tensor, other: torch.Tensor, prompt_len: i
     return None if reference.shape[1] == other.shape[1] else length - prompt_len
 
 
-def top2_logit_gap(target, sequence: torch.Tensor, position: int) -> float:
-    """Top-1 minus top-2 logit of the target's next-token prediction after `sequence[:, :position]`.
+def top2_logits(target, sequence: torch.Tensor, position: int) -> tuple[float, float]:
+    """Top-1 and top-2 logits of the target's next-token prediction after `sequence[:, :position]`.
 
     One plain forward over the prefix (the target's current attention implementation, no cache, only the last
     position's logits), so a divergence can be classified: a gap of a bf16 rounding step or two is a near-tie.
 
     Args:
         target: `*ForCausalLM`. sequence: (1, ≥ position) int64. position: prefix length (tokens), ≥ 1.
-    Returns: the gap in logit units (fp32).
+    Returns: (top-1, top-2) in logit units (fp32).
     Reference: LongSpec §5 lossless check; transformers `logits_to_keep`.
     """
     with torch.no_grad():
         logits = target(input_ids=sequence[:, :position], logits_to_keep=1).logits[0, -1].float()
-    top = logits.topk(2).values
-    return float(top[0] - top[1])
+    top = logits.topk(2).values.tolist()
+    return top[0], top[1]
+
+
+def top2_logit_gap(target, sequence: torch.Tensor, position: int) -> float:
+    """Top-1 minus top-2 logit after `sequence[:, :position]` (see `top2_logits`)."""
+    top1, top2 = top2_logits(target, sequence, position)
+    return top1 - top2
 
 
 def _expand_runs(config: BenchConfig, models: BenchModels) -> tuple[list[_Run], list[str]]:
@@ -508,4 +514,5 @@ __all__ = [
     "select_eval_rows",
     "timed_call",
     "top2_logit_gap",
+    "top2_logits",
 ]

@@ -281,7 +281,11 @@ def _check_prompt(target, input_ids, model_kwargs) -> None:
         )
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):
-        raise ValueError("the prompt contains padding (attention_mask has zeros); pass the unpadded prompt")
+        raise ValueError(
+            "the prompt contains padding (attention_mask has zeros; without a mask, transformers infers zeros where "
+            "the prompt holds the pad token id); pass the unpadded prompt, or attention_mask=torch.ones_like(ids) "
+            "if those tokens are content"
+        )
 
 
 __all__ = [
