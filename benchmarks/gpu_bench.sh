@@ -9,11 +9,11 @@
 # Overrides: DRAFT (LongSpec draft folder; none = untrained draft, tau ~ 1), NEW (new tokens, 128), DATASETS, BUCKETS,
 # PER_BUCKET, MAX_S (start no new prompt after this many seconds of benchmarking; default 420 minus the seconds already
 # spent, so that a run ends within the 10-minute limit), LONGSPEC_COMMIT (written into the JSON).
-# The package is not pip-installed there (no network): it is assembled under /tmp/pkg from the work tree.
+# The package is not pip-installed there (no network): it is assembled under /tmp/pkg-bench from the work tree.
 set -euo pipefail
-mkdir -p /tmp/pkg && rm -rf /tmp/pkg/transformers_longspec
-cp -r src/transformers_longspec /tmp/pkg/ && cp -r kernels trainers /tmp/pkg/transformers_longspec/
-export PYTHONPATH=/tmp/pkg:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true LONGSPEC_EVAL_DIR=$PWD/.evaldata
+mkdir -p /tmp/pkg-bench && rm -rf /tmp/pkg-bench/transformers_longspec
+cp -r src/transformers_longspec /tmp/pkg-bench/ && cp -r kernels trainers /tmp/pkg-bench/transformers_longspec/
+export PYTHONPATH=/tmp/pkg-bench:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true LONGSPEC_EVAL_DIR=$PWD/.evaldata
 TARGET=$HOME/stage/qwen2.5-coder-1.5b-instruct
 ASSISTANT=$HOME/stage/qwen2.5-coder-0.5b-instruct
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader

@@ -2,18 +2,18 @@
 # Multi-GPU draft training for Qwen2.5-Coder-1.5B-Instruct on a 2-GPU lease (issue 7), about 5 minutes:
 #   bash benchmarks/gpu_multi.sh               # 1 GPU, then 2 GPUs under accelerate + FSDP2; results in $OUT
 #   ENGINE=ddp bash benchmarks/gpu_multi.sh     # 2 GPUs as DDP for the draft (target still sharded), if FSDP2 fails
-# Each run: stage 1 (80 steps x 16 x 1024 tokens), stage 2 (60 steps x 2 x 16384 tokens, from the saved stage-1
+# Each run: stage 1 (40 steps x 16 x 1024 tokens), stage 2 (20 steps x 2 x 16384 tokens, from the saved stage-1
 # draft), peak memory per GPU at 16k and 32k tokens, the saved draft reloaded on one GPU and on the CPU.
 # $OUT (7 files): one_gpu.{json,log}, two_gpu.{json,log}, summary.{json,md}, loss_curves.png (if matplotlib).
-# The package is not pip-installed there (no network): it is assembled under /tmp/pkg from the work tree.
+# The package is not pip-installed there (no network): it is assembled under /tmp/pkg-multi from the work tree.
 set -uo pipefail
-mkdir -p /tmp/pkg && rm -rf /tmp/pkg/transformers_longspec
-cp -r src/transformers_longspec /tmp/pkg/ && cp -r kernels trainers /tmp/pkg/transformers_longspec/
-export PYTHONPATH=/tmp/pkg:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
+mkdir -p /tmp/pkg-multi && rm -rf /tmp/pkg-multi/transformers_longspec
+cp -r src/transformers_longspec /tmp/pkg-multi/ && cp -r kernels trainers /tmp/pkg-multi/transformers_longspec/
+export PYTHONPATH=/tmp/pkg-multi:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 TARGET=${TARGET:-$HOME/qwen15}
 [ -d "$TARGET" ] || TARGET=$HOME/stage/qwen2.5-coder-1.5b-instruct.gguf
 ENGINE=${ENGINE:-fsdp2}
-STEPS=${STEPS:-"--stage1-steps 80 --stage2-steps 60"}
+STEPS=${STEPS:-"--stage1-steps 40 --stage2-steps 20"}
 QUIET="Loading weights|Writing model shards|FutureWarning|warnings.warn"
 python3 -c "import torch, transformers, accelerate; print('torch', torch.__version__, 'transformers',
   transformers.__version__, 'accelerate', accelerate.__version__, 'gpus', torch.cuda.device_count())"

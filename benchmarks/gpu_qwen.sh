@@ -8,7 +8,7 @@
 #                GGUF -> ~/qwen05 when it is staged; de-quantising costs ~70 s per load, the folders load in seconds
 #   train        recipe qwen2.5-coder-1.5b-gpu (1200 steps x 16 x 1024 tokens, ~3.7 min of steps) -> ~/draft-qwen15
 #   ablate       = ablate-train + ablate-tau
-#   ablate-train recipe qwen2.5-coder-1.5b-ablation (300 steps) three times, one switch changed: full,
+#   ablate-train recipe qwen2.5-coder-1.5b-ablation (200 steps) three times, one switch changed: full,
 #                noanchor (--set anchor_offset=false), nonoisy (--set noisy_training=false) -> ~/ablate-<variant>
 #   ablate-tau   tau of the three ablation drafts at 16k and 30k tokens (one plain greedy run shared per prompt)
 #   tau          lossless check + tau of ~/draft-qwen15 per bucket 2k..30k on code_completion and summarization
