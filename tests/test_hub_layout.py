@@ -25,7 +25,7 @@ PACKAGE = Path(transformers_longspec.__file__).parent
 REMOTE_CODE = ["configuration.py", "modeling.py", "checkpoint.py"]
 IDS = torch.arange(3, 23)[None]
 ALLOWED_IMPORTS = {"torch", "transformers", "safetensors", "huggingface_hub", "__future__", "json", "os", "re",
-                   "tempfile", "warnings", "weakref", "dataclasses", "pathlib"}
+                   "tempfile", "warnings", "weakref", "dataclasses", "pathlib", "importlib"}
 
 
 def _saved(tmp_path, **overrides):
