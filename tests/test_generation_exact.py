@@ -156,3 +156,17 @@ def test_generation_config_tree_shape(family):
     out = target.generate(ids, assistant_model=draft, generation_config=config)
     assert torch.equal(out, target.generate(ids, generation_config=config))
     assert draft.last_generation_stats.beam_widths == (2, 2)
+
+
+def test_static_buffers_follow_new_weights(small_tail):
+    """The static-shape engine (and its CUDA graphs on a GPU) is rebuilt when the models' weights are replaced."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target)
+    ids = _prompt(4, 30)
+    target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=8, longspec_static_shapes=True)
+    engine = draft.__dict__["_static_step"]
+    with torch.no_grad():
+        target.lm_head.weight = torch.nn.Parameter(target.lm_head.weight.flip(0).clone())  # new weights, new storage
+    spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=8, longspec_static_shapes=True)
+    assert draft.__dict__["_static_step"] is not engine
+    assert torch.equal(spec, target.generate(ids, do_sample=False, max_new_tokens=8))

@@ -64,6 +64,7 @@ class StaticTreeStep:
             raise ValueError(f"CUDA graphs need a CUDA target, got one on {device}; use longspec_static_shapes=False "
                              "or move the model to a GPU")
         self.target_ref, self.draft_ref = weakref.ref(target), weakref.ref(draft)
+        self._weights = _weight_storage(target, draft)  # graphs read these buffers: new weights need new graphs
         self.beam_widths, self.cuda_graphs, self.device = tuple(beam_widths), cuda_graphs, device
         self.tree_size, self.depth = 1 + sum(beam_widths), len(beam_widths)
         self.depths = tree_layout(beam_widths)[0].to(device)
@@ -85,7 +86,7 @@ class StaticTreeStep:
         """True if this engine serves a call with these models, tree shape and capacity (tokens)."""
         return (self.target_ref() is target and self.draft_ref() is draft and self.beam_widths == tuple(beam_widths)
                 and capacity + TAIL + self.tree_size <= self.capacity
-                and next(draft.parameters()).dtype == self.ring.ring_keys.dtype)
+                and _weight_storage(target, draft) == self._weights)
 
     def start(self, input_ids: torch.Tensor) -> LongSpecCache:
         """Reset for a new call with prompt `input_ids` (1, prompt_len); returns the empty target cache to prefill."""
@@ -191,6 +192,13 @@ class StaticTreeStep:
         """Bytes of the target cache buffer held by this engine (graph memory pools not included)."""
         t = self.cache.storage.tensor
         return 0 if t is None else t.numel() * t.element_size()
+
+
+def _weight_storage(target, draft) -> tuple:
+    """Addresses, dtypes and shapes of every parameter of both models: equal iff a captured graph still reads the
+    live weights (`.to(dtype)`, re-loading or merging adapters replaces them)."""
+    params = list(target.parameters()) + list(draft.parameters())
+    return tuple((p.data_ptr(), p.dtype, p.shape) for p in params)
 
 
 class StepClock:
