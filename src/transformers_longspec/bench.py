@@ -485,6 +485,8 @@ def run_bench(models: BenchModels, prompts: list[Prompt], config: BenchConfig,
             break
         reference = None
         for run in runs:
+            print(f"bench: prompt {done + 1}/{len(prompts)} ({prompt.id}, {prompt.ids.shape[1]} tokens): {run.name}",
+                  file=sys.stderr, flush=True)
             row, output = _measure(models, prompt, run, config)
             if run.name == REFERENCE:
                 reference = output

@@ -64,7 +64,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--temperatures", default="1.0", help="sampling temperatures for sample / longspec_sample")
     p.add_argument("--datasets", default="code_completion,summarization",
                    help="jsonl stems in the data folder: code_completion, summarization, math_reasoning")
-    p.add_argument("--buckets", default="8192,16384,30000", help="context buckets (tokens) to take prompts from")
+    p.add_argument("--buckets", default="8192,16384,30000",
+                   help="context buckets (tokens) to take prompts from (default 8192,16384,30000; --per-bucket "
+                   "prompts per dataset and bucket; on a CPU try --buckets 8192 --max-context 256 --max-new-tokens 8)")
     p.add_argument("--per-bucket", type=int, default=1, help="prompts per dataset and bucket (default 1)")
     p.add_argument("--max-context", type=int, default=None,
                    help="truncate contexts to this many tokens (default: the target's context - new tokens - 256)")

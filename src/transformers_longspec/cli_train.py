@@ -39,7 +39,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         "shipped ones: stage1 (short text), stage2 (long context), stage3 (chat / task), smollm2-gpu, "
         "qwen2.5-coder-1.5b-gpu (see trainers/recipes/README.md). Progress bars and losses come from the "
         "transformers Trainer; the final draft and its model card are saved to --output.",
-        epilog="example: longspec train --recipe stage1 --target smollm2 --output drafts/smollm2 --max-steps 50",
+        epilog="example: longspec train --recipe stage1 --target smollm2 --output drafts/smollm2 --max-steps 50\n"
+        "a few minutes on a CPU: ... --max-steps 3 --set per_device_train_batch_size=1 --set-data max_sequences=8 "
+        "--set-data eval_sequences=0 (no evaluation rows: evaluation is the slow part on a CPU)",
     )
     p.add_argument("--target", required=True, metavar="MODEL",
                    help="the model the draft serves: 'smollm2' (the embedded SmolLM2-135M-Instruct), a Hugging Face "
@@ -198,6 +200,8 @@ def run_train(args) -> dict:
     Raises: ValueError / FileNotFoundError / ImportError for user mistakes (bad recipe, paths, missing peft).
     Reference: LongSpec §4.1; transformers `Trainer.train`.
     """
+    from transformers import IntervalStrategy
+
     from transformers_longspec.trainers import LongSpecTrainer, merge_lora_draft, save_trained_draft
     from transformers_longspec.trainers.recipes import build_datasets, build_training_arguments, load_recipe
 
@@ -216,12 +220,17 @@ def run_train(args) -> dict:
     print(f"longspec train: recipe {recipe.name}, {len(train_rows)} training rows, "
           f"{len(eval_rows or [])} eval rows, {recipe.data.seq_length} tokens per row "
           f"(load {timings['load_s']:.1f} s, data {timings['data_s']:.1f} s)")
+    if not eval_rows and training_args.eval_strategy != IntervalStrategy.NO:
+        print("longspec train: no evaluation rows (eval_sequences=0): evaluation during training is off")
+        training_args.eval_strategy = IntervalStrategy.NO
     trainer = LongSpecTrainer(model=model, args=training_args, target_model=target, train_dataset=train_rows,
                               eval_dataset=eval_rows, data_collator=collator)
     if args.lora and (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled):
         raise ValueError("--lora runs on one process or under DDP (accelerate launch without FSDP/DeepSpeed): "
                          "a one-layer draft's adapter needs no sharding")
     result = trainer.train(resume_from_checkpoint=True if args.resume else None)
+    if eval_rows:
+        print(f"longspec train: final evaluation on {len(eval_rows)} rows (--set-data eval_sequences=0 skips it)")
     metrics = trainer.evaluate() if eval_rows else {}
     output = Path(args.output)
     summary = {

@@ -125,8 +125,9 @@ def test_cli_trains_continues_and_lora_adapts(tmp_path):
     assert "Recipe `tiny`: tiny CLI test" in card and "2 steps" in card and "weights saved in bf16" in card
 
     summary = _run([*common, "--output", str(tmp_path / "d2"), "--draft", str(tmp_path / "d1"), "--max-steps", "1",
-                    "--lora", "--lora-r", "2"])
+                    "--lora", "--lora-r", "2", "--set", "eval_strategy=steps", "--set-data", "eval_sequences=0"])
     assert summary["steps"] == 1 and (tmp_path / "d2" / "adapter" / "adapter_config.json").exists()
+    assert summary["eval_loss"] is None  # no evaluation rows: evaluation switched off instead of an error
     merged = LongSpecDraft.from_pretrained(tmp_path / "d2", target_model=target)
     ids = torch.randint(3, 99, (1, 12), generator=torch.Generator().manual_seed(0))
     plain = target.generate(ids, do_sample=False, max_new_tokens=8)
