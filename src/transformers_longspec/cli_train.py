@@ -14,6 +14,7 @@ Reference: LongSpec (arXiv 2502.17421) §4.1; trainers/recipes/README.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -52,6 +53,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a training argument, e.g. --set learning_rate=1e-4 (JSON values where possible)")
+    p.add_argument("--set-data", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a data setting of the recipe, e.g. --set-data max_sequences=64")
     p.set_defaults(func=run_train)
     return p
 
@@ -99,6 +102,18 @@ def _parse_sets(pairs: list[str]) -> dict:
     return out
 
 
+def _with_data_overrides(recipe, pairs: list[str]):
+    """The recipe with `--set-data KEY=VALUE` applied to its data section (validated again by `DataSpec`)."""
+    if not pairs:
+        return recipe
+    overrides = _parse_sets(pairs)
+    allowed = {f.name for f in dataclasses.fields(recipe.data)}
+    unknown = sorted(set(overrides) - allowed)
+    if unknown:
+        raise ValueError(f"--set-data: unknown data settings {unknown}; allowed: {sorted(allowed)}")
+    return dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, **overrides))
+
+
 def _training_overrides(args, recipe) -> tuple[dict, str, bool]:
     """TrainingArguments overrides from the command line, the device and whether bf16 autocast is on."""
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -136,8 +151,9 @@ def run_train(args) -> dict:
 
     The final draft goes to `--output` in `--save-dtype` (loadable with
     `LongSpecDraft.from_pretrained(output, target_model=target)`); with `--lora` the adapter goes to
-    `--output/adapter` and the MERGED draft to `--output`. A summary
-    (`longspec_training.json`) records the recipe, target, steps and losses.
+    `--output/adapter` and the MERGED draft to `--output`. A summary (`longspec_training.json`) records the
+    recipe, target, steps, losses, seconds per phase (`timings_s`) and the Trainer's `log_history` (one dict per
+    logging step: `step`, `loss`, `learning_rate`, `grad_norm`, ...; per evaluation: `step`, `eval_loss`).
 
     Args:
         args: the `argparse.Namespace` of the `train` subcommand.
@@ -149,14 +165,17 @@ def run_train(args) -> dict:
     from transformers_longspec.trainers.recipes import build_datasets, build_training_arguments, load_recipe
 
     start = time.perf_counter()
-    recipe = load_recipe(args.recipe)
+    recipe = _with_data_overrides(load_recipe(args.recipe), args.set_data)
     overrides, device, bf16 = _training_overrides(args, recipe)
     training_args = build_training_arguments(recipe, args.output, **overrides)
     target, tokenizer = load_target(args.target, torch.bfloat16 if bf16 else torch.float32, device)
     model = _build_model(args, recipe, target)
+    timings = {"load_s": time.perf_counter() - start}
     train_rows, eval_rows, collator = build_datasets(recipe.data, tokenizer, target)
+    timings["data_s"] = time.perf_counter() - start - timings["load_s"]
     print(f"longspec train: recipe {recipe.name}, {len(train_rows)} training rows, "
-          f"{len(eval_rows or [])} eval rows, {recipe.data.seq_length} tokens per row")
+          f"{len(eval_rows or [])} eval rows, {recipe.data.seq_length} tokens per row "
+          f"(load {timings['load_s']:.1f} s, data {timings['data_s']:.1f} s)")
     trainer = LongSpecTrainer(model=model, args=training_args, target_model=target, train_dataset=train_rows,
                               eval_dataset=eval_rows, data_collator=collator)
     result = trainer.train(resume_from_checkpoint=True if args.resume else None)
@@ -171,7 +190,8 @@ def run_train(args) -> dict:
         "recipe": recipe.name, "target": args.target, "draft_init": args.draft or "from_target", "lora": args.lora,
         "steps": result.global_step, "train_loss": result.training_loss, "eval_loss": metrics.get("eval_loss"),
         "train_runtime_s": result.metrics.get("train_runtime"), "total_runtime_s": time.perf_counter() - start,
-        "device": device, "bf16": bf16, "save_dtype": args.save_dtype,
+        "device": device, "bf16": bf16, "save_dtype": args.save_dtype, "overrides": _parse_sets(args.set),
+        "data_overrides": _parse_sets(args.set_data), "timings_s": timings, "log_history": trainer.state.log_history,
     }
     if trainer.is_world_process_zero():
         (output / "longspec_training.json").write_text(json.dumps(summary, indent=2) + "\n")

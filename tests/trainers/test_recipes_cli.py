@@ -35,7 +35,8 @@ def test_shipped_recipes_build_training_arguments(name, tmp_path):
 
 
 def test_required_recipes_exist():
-    assert {"stage1", "stage2", "stage3", "smollm2-gpu", "qwen2.5-coder-1.5b-gpu"} <= set(list_recipes())
+    required = {"stage1", "stage2", "stage3", "smollm2-gpu", "qwen2.5-coder-1.5b-gpu", "qwen2.5-coder-1.5b-ablation"}
+    assert required <= set(list_recipes())
     assert load_recipe("qwen2.5-coder-1.5b-gpu.json").name == "qwen2.5-coder-1.5b-gpu"
 
 
@@ -110,12 +111,16 @@ def test_cli_trains_continues_and_lora_adapts(tmp_path):
     recipe = tmp_path / "tiny.json"
     recipe.write_text(json.dumps(TINY_RECIPE))
     common = ["--target", str(tmp_path / "target"), "--recipe", str(recipe), "--device", "cpu"]
-    summary = _run([*common, "--output", str(tmp_path / "d1"), "--set", "learning_rate=0.02", "--save-dtype", "bf16"])
+    summary = _run([*common, "--output", str(tmp_path / "d1"), "--set", "learning_rate=0.02", "--save-dtype", "bf16",
+                    "--set-data", "eval_sequences=2"])
     assert summary["steps"] == 2 and summary["eval_loss"] is not None and summary["bf16"] is False
+    assert summary["data_overrides"] == {"eval_sequences": 2} and set(summary["timings_s"]) == {"load_s", "data_s"}
+    assert [h["step"] for h in summary["log_history"] if "loss" in h] == [1, 2]
     assert all(t.dtype == torch.bfloat16 for t in load_file(tmp_path / "d1" / "model.safetensors").values())
     draft = LongSpecDraft.from_pretrained(tmp_path / "d1", target_model=target)
     assert draft.config.sliding_window == 16
-    assert json.loads((tmp_path / "d1" / "longspec_training.json").read_text())["recipe"] == "tiny"
+    saved = json.loads((tmp_path / "d1" / "longspec_training.json").read_text())
+    assert saved["recipe"] == "tiny" and saved["log_history"] == summary["log_history"]
 
     summary = _run([*common, "--output", str(tmp_path / "d2"), "--draft", str(tmp_path / "d1"), "--max-steps", "1",
                     "--lora", "--lora-r", "2"])
@@ -136,6 +141,8 @@ def test_cli_user_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a model folder"):
         _run(["--target", str(tmp_path / "missing"), "--recipe", "stage1", "--output", str(tmp_path / "o"),
               "--device", "cpu"])
+    with pytest.raises(ValueError, match="unknown data settings \\['seq_len'\\]"):
+        _run(["--target", "smollm2", "--recipe", "stage1", "--output", str(tmp_path / "o"), "--set-data", "seq_len=3"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
         _run(["--target", "smollm2", "--recipe", "stage1", "--output", str(tmp_path / "o"), "--set", "oops",
               "--device", "cpu"])

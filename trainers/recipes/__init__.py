@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -183,11 +184,12 @@ def _installed(packages: list[str]) -> list[str]:
     return found
 
 
-def _documents(spec: DataSpec) -> list[str]:
-    return list(python_package_sources(
+def _documents(spec: DataSpec) -> Iterator[str]:
+    """The package sources, read lazily (packing stops reading once it has `max_sequences` blocks)."""
+    return python_package_sources(
         _installed(spec.packages), min_chars=spec.min_chars, extensions=tuple(spec.extensions),
         max_documents=spec.max_documents, shuffle_seed=spec.seed,
-    ))
+    )
 
 
 def _jsonl_rows(spec: DataSpec) -> list[dict]:
@@ -223,7 +225,7 @@ def build_datasets(spec: DataSpec, tokenizer, target=None):
     if spec.source == "self_distill":
         if target is None:
             raise ValueError("data.source 'self_distill' needs the target model to generate answers")
-        prompts = source_snippet_prompts(_documents(spec), spec.num_prompts, seed=spec.seed)
+        prompts = source_snippet_prompts(list(_documents(spec)), spec.num_prompts, seed=spec.seed)
         rows = self_distill_texts(target, tokenizer, prompts, spec.max_new_tokens, spec.generation_batch_size)
     elif spec.source == "jsonl":
         rows = _jsonl_rows(spec)
