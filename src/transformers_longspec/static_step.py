@@ -188,11 +188,6 @@ class StaticTreeStep:
         )
         return out.logits[0]
 
-    def nbytes(self) -> int:
-        """Bytes of the target cache buffer held by this engine (graph memory pools not included)."""
-        t = self.cache.storage.tensor
-        return 0 if t is None else t.numel() * t.element_size()
-
 
 def _weight_storage(target, draft) -> tuple:
     """Addresses, dtypes and shapes of every parameter of both models: equal iff a captured graph still reads the
