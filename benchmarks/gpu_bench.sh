@@ -11,8 +11,7 @@
 # spent, so that a run ends within the 10-minute limit), LONGSPEC_COMMIT (written into the JSON).
 # The package is not pip-installed there (no network): it is assembled under /tmp/pkg-bench from the work tree.
 set -euo pipefail
-mkdir -p /tmp/pkg-bench && rm -rf /tmp/pkg-bench/transformers_longspec
-cp -r src/transformers_longspec /tmp/pkg-bench/ && cp -r kernels trainers /tmp/pkg-bench/transformers_longspec/
+bash benchmarks/assemble_package.sh /tmp/pkg-bench
 export PYTHONPATH=/tmp/pkg-bench:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true LONGSPEC_EVAL_DIR=$PWD/.evaldata
 TARGET=$HOME/stage/qwen2.5-coder-1.5b-instruct
 ASSISTANT=$HOME/stage/qwen2.5-coder-0.5b-instruct

@@ -2,8 +2,7 @@
 # GPU checks that need no real model: CUDA-graph exactness tests + step profile on a random-weight target of a
 # real shape. In a lease:  bash benchmarks/gpu_check.sh [SHAPE] [CONTEXTS]
 set -uo pipefail
-mkdir -p /tmp/pkg && rm -rf /tmp/pkg/transformers_longspec
-cp -r src/transformers_longspec /tmp/pkg/ && cp -r kernels trainers /tmp/pkg/transformers_longspec/
+bash benchmarks/assemble_package.sh /tmp/pkg
 export PYTHONPATH=/tmp/pkg PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader

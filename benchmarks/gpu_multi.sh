@@ -7,8 +7,7 @@
 # $OUT (7 files): one_gpu.{json,log}, two_gpu.{json,log}, summary.{json,md}, loss_curves.png (if matplotlib).
 # The package is not pip-installed there (no network): it is assembled under /tmp/pkg-multi from the work tree.
 set -uo pipefail
-mkdir -p /tmp/pkg-multi && rm -rf /tmp/pkg-multi/transformers_longspec
-cp -r src/transformers_longspec /tmp/pkg-multi/ && cp -r kernels trainers /tmp/pkg-multi/transformers_longspec/
+bash benchmarks/assemble_package.sh /tmp/pkg-multi
 export PYTHONPATH=/tmp/pkg-multi:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 TARGET=${TARGET:-$HOME/qwen15}
 [ -d "$TARGET" ] || TARGET=$HOME/stage/qwen2.5-coder-1.5b-instruct.gguf

@@ -47,13 +47,6 @@ VARIANTS="full noanchor nonoisy"
 export LONGSPEC_EVAL_DIR=${LONGSPEC_EVAL_DIR:-$PWD/.evaldata}
 export PYTHONPATH=$PKG:$STAGE/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true HF_HUB_OFFLINE=1
 
-assemble_package() {
-  mkdir -p "$PKG"
-  rm -rf "$PKG/transformers_longspec"
-  cp -r src/transformers_longspec "$PKG"/
-  cp -r kernels trainers "$PKG"/transformers_longspec/
-}
-
 need() {  # need PATH WHAT: stop with a message unless PATH exists
   [ -e "$1" ] || { echo "[gpu_qwen] missing $1: $2" >&2; exit 1; }
 }
@@ -126,7 +119,7 @@ main() {
     *" tau "* | *" ablate "* | *" ablate-tau "*)
       need "$LONGSPEC_EVAL_DIR/code_completion.jsonl" "copy ../shared/data/eval/*.jsonl into .evaldata/ and carry it" ;;
   esac
-  assemble_package
+  bash benchmarks/assemble_package.sh "$PKG"
   if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; fi
   local name start
   for name in "$@"; do

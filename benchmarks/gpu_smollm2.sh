@@ -4,8 +4,7 @@
 #   bash benchmarks/gpu_smollm2.sh eval DTYPE   # lossless check + tau on real documents, plain vs LongSpec
 # The package is not pip-installed there (no network): it is assembled under /tmp/pkg from the work tree.
 set -euo pipefail
-mkdir -p /tmp/pkg && rm -rf /tmp/pkg/transformers_longspec
-cp -r src/transformers_longspec /tmp/pkg/ && cp -r kernels trainers /tmp/pkg/transformers_longspec/
+bash benchmarks/assemble_package.sh /tmp/pkg
 export PYTHONPATH=/tmp/pkg:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true LONGSPEC_EVAL_DIR=$PWD/.evaldata
 TARGET=$HOME/stage/smollm2-135m-instruct.gguf
 DRAFT=${DRAFT:-$HOME/draft-smollm2}
