@@ -29,7 +29,13 @@ from pathlib import Path
 
 import torch
 
-from transformers_longspec.bench import default_eval_dir, select_eval_rows, timed_call, top2_logits
+from transformers_longspec.bench import (
+    default_eval_dir,
+    first_divergence,
+    select_eval_rows,
+    timed_call,
+    top2_logits,
+)
 from transformers_longspec.cli import load_draft, load_target
 from transformers_longspec.demo import eval_prompt
 
@@ -63,15 +69,13 @@ def ulp(value: float, dtype: torch.dtype) -> float:
 
 def _compare(target, plain: torch.Tensor, spec: torch.Tensor, prompt_len: int, near_tie_ulps: float) -> dict:
     """Identity of the two outputs and, if they differ, where and how close the target's top-2 logits were."""
-    if torch.equal(plain, spec):
+    index = first_divergence(plain, spec, prompt_len)
+    if index is None:
         return {"identical": True}
-    length = min(plain.shape[1], spec.shape[1])
-    diff = (plain[0, :length] != spec[0, :length]).nonzero()
-    position = int(diff[0]) if diff.numel() else length
-    top1, top2 = top2_logits(target, plain, position)
+    top1, top2 = top2_logits(target, plain, prompt_len + index)
     gap = top1 - top2
     dtype = next(target.parameters()).dtype
-    return {"identical": False, "first_divergence": position - prompt_len, "top2_gap": gap, "top1_logit": top1,
+    return {"identical": False, "first_divergence": index, "top2_gap": gap, "top1_logit": top1,
             "near_tie": gap <= near_tie_ulps * ulp(top1, dtype)}
 
 

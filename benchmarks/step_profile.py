@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from transformers_longspec import LongSpecDraft
+from transformers_longspec.bench import timed_call
 
 SHAPES = {
-    "qwen2.5-1.5b": (Qwen2Config, Qwen2ForCausalLM, dict(hidden_size=1536, intermediate_size=8960,
+    "qwen2.5-1.5b": (Qwen2Config, dict(hidden_size=1536, intermediate_size=8960,
                      num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
                      max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=False)),
-    "llama-3-8b": (LlamaConfig, LlamaForCausalLM, dict(hidden_size=4096, intermediate_size=14336,
+    "llama-3-8b": (LlamaConfig, dict(hidden_size=4096, intermediate_size=14336,
                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                    max_position_embeddings=32768, rope_theta=5e5)),
 }
@@ -32,40 +32,27 @@ SHAPES = {
 
 def random_target(shape: str, dtype=torch.bfloat16):
     """A random-weight `*ForCausalLM` of a named real shape on the GPU, in `dtype`, eval mode."""
-    config_cls, model_cls, sizes = SHAPES[shape]
-    config = config_cls(**sizes, initializer_range=0.02)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("cuda"):
-            model = model_cls(config)
-    finally:
-        torch.set_default_dtype(default)
-    return model.eval()
-
-
-def _timed(fn):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
+    config_cls, sizes = SHAPES[shape]
+    with torch.device("cuda"):
+        return AutoModelForCausalLM.from_config(config_cls(**sizes, initializer_range=0.02), dtype=dtype).eval()
 
 
 def profile(target, draft, context: int, new_tokens: int) -> dict:
     """Time plain greedy and LongSpec (eager / CUDA graphs) at one context length (tokens)."""
     ids = torch.randint(100, 20000, (1, context), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     row = {"context": context, "new_tokens": new_tokens}
-    _, t1 = _timed(lambda: target.generate(ids, do_sample=False, max_new_tokens=1))
-    plain, tn = _timed(lambda: target.generate(ids, do_sample=False, max_new_tokens=new_tokens))
+    _, t1 = timed_call(lambda: target.generate(ids, do_sample=False, max_new_tokens=1), "cuda")
+    plain, tn = timed_call(lambda: target.generate(ids, do_sample=False, max_new_tokens=new_tokens), "cuda")
     row["plain_ms_per_token"] = 1e3 * (tn - t1) / (new_tokens - 1)
     for name, static in (("eager", False), ("graphs", True)):
         draft.free_static_buffers()
         torch.cuda.reset_peak_memory_stats()
-        first, t_first = _timed(lambda: target.generate(ids, assistant_model=draft, do_sample=False,
-                                                        max_new_tokens=new_tokens, longspec_static_shapes=static))
-        out, t = _timed(lambda: target.generate(ids, assistant_model=draft, do_sample=False,
-                                                max_new_tokens=new_tokens, longspec_static_shapes=static))
+        def longspec():
+            return target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=new_tokens,
+                                   longspec_static_shapes=static)
+
+        first, t_first = timed_call(longspec, "cuda")
+        out, t = timed_call(longspec, "cuda")
         s = draft.last_generation_stats
         steps = len(s.accepted_lengths)
         row[name] = {
