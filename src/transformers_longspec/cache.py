@@ -210,6 +210,13 @@ class DraftRingCache:
         self.ring_values[:, :, slots] = values
         self.ring_positions[slots] = positions
 
+    def store_tokens(self, draft, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """Compute the draft's self-attention K/V of committed `tokens` (n,) int64 at absolute `positions` (n,) int64
+        and store them (`write_ring`). A one-layer draft's K/V depend only on (token, position): no attention runs,
+        and storing a position again writes the same values."""
+        keys, values = draft.self_kv(tokens[None], positions[None])
+        self.write_ring(keys, values, positions)
+
     def nbytes(self) -> int:
         """Bytes held by all buffers."""
         tensors = (self.ring_keys, self.ring_values, self.ring_positions, self.tree_keys, self.tree_values)

@@ -112,8 +112,7 @@ class LongSpecCandidateGenerator(CandidateGenerator):
         start = max(self._ring_end, root_position - self.ring.window)
         if start < root_position:
             positions = torch.arange(start, root_position, device=input_ids.device)
-            keys, values = self.draft.self_kv(input_ids[:, start:root_position], positions[None])
-            self.ring.write_ring(keys, values, positions)
+            self.ring.store_tokens(self.draft, input_ids[0, start:root_position], positions)
         self._ring_end = root_position
         last = self.target_cache.layers[-1]
         return grow_tree(self.draft, self.ring, input_ids[0, -1:], root_position, last.keys, last.values,

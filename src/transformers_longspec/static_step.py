@@ -154,20 +154,17 @@ class StaticTreeStep:
         return tree, logits
 
     def _fill_ring(self, committed: int) -> None:
-        draft = self.draft_ref()
         start = max(0, committed - self.ring.window)
         if start < committed:
             positions = torch.arange(start, committed, device=self.device)
-            keys, values = draft.self_kv(self.tokens[None, start:committed], positions[None])
-            self.ring.write_ring(keys, values, positions)
+            self.ring.store_tokens(self.draft_ref(), self.tokens[start:committed], positions)
         self._ring_ready = True
 
     def _draft(self, bucket: int) -> DraftTree:
         """Static-shape tree growth for committed lengths in [bucket, bucket + TAIL) (reads `self.committed`)."""
         draft, c = self.draft_ref(), self.committed
         positions = (c + self._refresh).clamp(min=0)  # the last depth + 1 committed positions (idempotent)
-        keys, values = draft.self_kv(self.tokens[positions][None], positions[None])
-        self.ring.write_ring(keys, values, positions)
+        self.ring.store_tokens(draft, self.tokens[positions], positions)
         last = self.cache.layers[-1]
         end = bucket + TAIL
         return grow_tree(draft, self.ring, self.tokens[c.view(1)], c, last.key_buffer[:, :, :end],
