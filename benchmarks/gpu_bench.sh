@@ -4,15 +4,18 @@
 #   bash benchmarks/gpu_bench.sh convert   # once per machine: the GGUFs to bf16 HF folders (~2 min; loads in seconds)
 #   bash benchmarks/gpu_bench.sh micro     # micro_attention.py: attention paths, verify step vs decode step (~2 min)
 #   bash benchmarks/gpu_bench.sh greedy    # longspec bench, every greedy method, exactness vs sdpa (~8 min)
+#   bash benchmarks/gpu_bench.sh greedy-math  # the same methods on one math_reasoning problem (set NEW=2048)
 #   bash benchmarks/gpu_bench.sh sample    # longspec bench, sampling at T = 1.0 and 0.7 (~7 min)
 # greedy/sample convert first if `convert` has not run on this machine (leaving fewer seconds for prompts).
 # Overrides: DRAFT (LongSpec draft folder; none = untrained draft, tau ~ 1), NEW (new tokens, 128), DATASETS, BUCKETS,
 # PER_BUCKET, MAX_S (start no new prompt after this many seconds of benchmarking; default 420 minus the seconds already
 # spent, so that a run ends within the 10-minute limit), LONGSPEC_COMMIT (written into the JSON).
-# The package is not pip-installed there (no network): it is assembled under /tmp/pkg-bench from the work tree.
+# The package is not pip-installed there (no network): it is assembled under $PKG (default /tmp/pkg-bench) from the
+# work tree; give concurrent runs distinct PKG folders.
 set -euo pipefail
-bash benchmarks/assemble_package.sh /tmp/pkg-bench
-export PYTHONPATH=/tmp/pkg-bench:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true LONGSPEC_EVAL_DIR=$PWD/.evaldata
+PKG=${PKG:-/tmp/pkg-bench}
+bash benchmarks/assemble_package.sh "$PKG"
+export PYTHONPATH=$PKG:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true LONGSPEC_EVAL_DIR=$PWD/.evaldata
 TARGET=$HOME/stage/qwen2.5-coder-1.5b-instruct
 ASSISTANT=$HOME/stage/qwen2.5-coder-0.5b-instruct
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
@@ -40,18 +43,25 @@ bench() {
     | tee "$OUT/bench.log"
 }
 
+# every greedy method; LongSpec as shipped (static shapes, CUDA graphs, compiled regions) and two ablations of it
+GREEDY_METHODS=sdpa,eager,static_compile,assisted,prompt_lookup,longspec,longspec_graphs,longspec_eager
+VARIANTS=(--variant 'longspec_graphs=longspec:{"longspec_compile": false}'
+          --variant 'longspec_eager=longspec:{"longspec_static_shapes": false}')
+DEEP='longspec_deep_tree=longspec:{"longspec_beam_widths": [4, 8, 8, 8, 8, 8, 8]}'
+
 case "$1" in
   convert)
     convert ;;
   micro)
     python3 benchmarks/micro_attention.py --out "$OUT" 2>&1 | tee "$OUT/micro.log" ;;
   greedy)
-    bench --methods sdpa,eager,static_compile,assisted,prompt_lookup,longspec,longspec_eager \
-      --variant 'longspec_eager=longspec:{"longspec_static_shapes": false}' \
+    bench --methods "$GREEDY_METHODS,longspec_deep_tree" "${VARIANTS[@]}" --variant "$DEEP" \
       --datasets "${DATASETS:-code_completion,summarization}" --buckets "${BUCKETS:-8192,16384,30000}" ;;
+  greedy-math)
+    bench --methods "$GREEDY_METHODS" "${VARIANTS[@]}" --datasets math_reasoning --buckets 0 ;;
   sample)
     bench --methods sdpa,longspec,sample,longspec_sample --temperatures 1.0,0.7 \
       --datasets "${DATASETS:-code_completion,math_reasoning}" --buckets "${BUCKETS:-8192,30000}" ;;
   *)
-    echo "usage: bash benchmarks/gpu_bench.sh convert|micro|greedy|sample" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/gpu_bench.sh convert|micro|greedy|greedy-math|sample" >&2; exit 2 ;;
 esac

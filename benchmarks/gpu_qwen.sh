@@ -6,7 +6,8 @@
 #
 #   prepare      ~/stage/qwen2.5-coder-1.5b-instruct.gguf -> ~/qwen15 (bf16 safetensors + tokenizer), and the 0.5B
 #                GGUF -> ~/qwen05 when it is staged; de-quantising costs ~70 s per load, the folders load in seconds
-#   train        recipe qwen2.5-coder-1.5b-gpu (1200 steps x 16 x 1024 tokens, ~3.7 min of steps) -> ~/draft-qwen15
+#   train        recipe $TRAIN_RECIPE, default qwen2.5-coder-1.5b-gpu (1200 steps x 16 x 1024 tokens, ~4.4 min of
+#                steps; qwen2.5-coder-1.5b-distill: self-distillation, 1600 steps) -> ~/draft-qwen15
 #   ablate       = ablate-train + ablate-tau
 #   ablate-train recipe qwen2.5-coder-1.5b-ablation (200 steps) three times, one switch changed: full,
 #                noanchor (--set anchor_offset=false), nonoisy (--set noisy_training=false) -> ~/ablate-<variant>
@@ -18,7 +19,7 @@
 # and copied to $OUT; the drafts (~100 MB) stay in ~/ for the rest of the lease.
 # The package is not pip-installed there (no network): it is assembled under $PKG from the work tree.
 # Environment overrides (the CPU dry run in benchmarks/NOTES.md uses them): PYTHON PKG STAGE GGUF15 GGUF05 TARGET
-#   SMALL DRAFT ABL RES DTYPE BUCKETS PER_BUCKET ABL_BUCKETS ABL_PER_BUCKET NEW DATASETS LONGSPEC_EVAL_DIR, and
+#   SMALL DRAFT ABL RES TRAIN_RECIPE DTYPE BUCKETS PER_BUCKET ABL_BUCKETS ABL_PER_BUCKET NEW DATASETS LONGSPEC_EVAL_DIR, and
 #   TRAIN_EXTRA / ABL_EXTRA / EVAL_EXTRA: extra arguments for every `longspec train`, for the ablation runs only,
 #   and for eval_lossless.py (e.g. ABL_EXTRA="--max-steps 200 --set-data max_sequences=3200" for a shorter ablation).
 set -euo pipefail
@@ -33,6 +34,7 @@ SMALL=${SMALL:-$HOME/qwen05}
 DRAFT=${DRAFT:-$HOME/draft-qwen15}
 ABL=${ABL:-$HOME/ablate}
 RES=${RES:-$HOME/qwen-results}
+TRAIN_RECIPE=${TRAIN_RECIPE:-qwen2.5-coder-1.5b-gpu}
 DTYPE=${DTYPE:-bfloat16}
 DATASETS=${DATASETS:-code_completion,summarization}
 BUCKETS=${BUCKETS:-2048,4096,8192,16384,30000}
@@ -80,7 +82,7 @@ step() {
       fi ;;
     train)
       need "$TARGET/config.json" "run 'prepare' first"
-      train_draft qwen2.5-coder-1.5b-gpu "$DRAFT" train_main ;;
+      train_draft "$TRAIN_RECIPE" "$DRAFT" train_main ;;
     ablate-train)
       need "$TARGET/config.json" "run 'prepare' first"
       local variant switch

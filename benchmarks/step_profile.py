@@ -2,8 +2,8 @@
 
     python benchmarks/step_profile.py --shape qwen2.5-1.5b --contexts 8192,16384,30000 --out step_profile.json
 
-For each context: plain greedy `generate` (sdpa) and LongSpec with eager steps and with static shapes + CUDA graphs,
-same prompt, same untrained draft (so τ is near 1: the numbers are per STEP, not per token). Reports ms per step
+For each context: plain greedy `generate` (sdpa) and LongSpec with eager steps, with static shapes + CUDA graphs,
+and with static shapes + CUDA graphs + compiled regions (`longspec_compile`, the GPU default), same prompt, same untrained draft (so τ is near 1: the numbers are per STEP, not per token). Reports ms per step
 (draft / verify / rest), the first-call cost of graph capture, peak memory, and whether each LongSpec output equals
 plain greedy (random weights in bf16 have many near-ties, so a mismatch here is not by itself a bug; the
 exactness checks are the tests and the real-model runs).
@@ -38,18 +38,18 @@ def random_target(shape: str, dtype=torch.bfloat16):
 
 
 def profile(target, draft, context: int, new_tokens: int) -> dict:
-    """Time plain greedy and LongSpec (eager / CUDA graphs) at one context length (tokens)."""
+    """Time plain greedy and LongSpec (eager / CUDA graphs / graphs + compile) at one context length (tokens)."""
     ids = torch.randint(100, 20000, (1, context), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     row = {"context": context, "new_tokens": new_tokens}
     _, t1 = timed_call(lambda: target.generate(ids, do_sample=False, max_new_tokens=1), "cuda")
     plain, tn = timed_call(lambda: target.generate(ids, do_sample=False, max_new_tokens=new_tokens), "cuda")
     row["plain_ms_per_token"] = 1e3 * (tn - t1) / (new_tokens - 1)
-    for name, static in (("eager", False), ("graphs", True)):
+    for name, static, compile in (("eager", False, False), ("graphs", True, False), ("compiled", True, True)):
         draft.free_static_buffers()
         torch.cuda.reset_peak_memory_stats()
         def longspec():
             return target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=new_tokens,
-                                   longspec_static_shapes=static)
+                                   longspec_static_shapes=static, longspec_compile=compile)
 
         first, t_first = timed_call(longspec, "cuda")
         out, t = timed_call(longspec, "cuda")

@@ -56,6 +56,8 @@ CASES = {
     "deeper level too wide": (dict(longspec_beam_widths=[2, 500]), "exceeds the 198 candidates available at depth 2"),
     "too deep": (dict(longspec_beam_widths=[1] * 40), "at most 32"),
     "bad tree in generation_config": (dict(generation_config=GenerationConfig(longspec_beam_widths=[0])), "width"),
+    "compile without static shapes": (dict(longspec_static_shapes=False, longspec_compile=True),
+                                      "longspec_compile=True compiles the static-shape step"),
     "misspelt option": (dict(longspec_beam_width=[2, 2]), "unknown LongSpec option"),
     "attentions": (dict(output_attentions=True, return_dict_in_generate=True), "output_attentions"),
     "hidden states": (dict(output_hidden_states=True, return_dict_in_generate=True), "output_hidden_states"),

@@ -43,12 +43,26 @@ def test_graph_replay_equals_eager_static_bf16(small_tail, monkeypatch):
     stats = draft.last_generation_stats
     assert stats.draft_s > 0 and stats.verify_s > 0
 
-    def without_graphs(target, draft, widths, capacity):
-        return static_step.StaticTreeStep(target, draft, widths, capacity, cuda_graphs=False)
+    def without_graphs(target, draft, widths, capacity, compile):
+        return static_step.StaticTreeStep(target, draft, widths, capacity, cuda_graphs=False, compile=compile)
 
     monkeypatch.setattr(generation_module, "_static_engine", without_graphs)
     eager = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=96)
     assert torch.equal(graphed, eager)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_graphs_with_and_without_compile_match_plain_greedy(compile, small_tail):
+    target = make_target("qwen2", num_hidden_layers=4).cuda()
+    draft = LongSpecDraft.from_target(target, init_from_target=False).cuda()
+    for seed, length in [(4, 120), (6, 33)]:
+        ids = _prompt(seed, length)
+        plain = target.generate(ids, do_sample=False, max_new_tokens=80)
+        spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=80, longspec_compile=compile)
+        assert torch.equal(plain, spec), (compile, seed)
+    engine = draft.__dict__["_static_step"]
+    assert engine.compile is compile and len(engine._graphs) >= 4
+    assert all("forward" not in vars(m) for m in target.modules()) and "step" not in vars(draft)
 
 
 def test_sampling_with_graphs_is_seeded(small_tail):

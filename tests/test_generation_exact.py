@@ -89,6 +89,26 @@ def test_static_shapes_match_greedy(family, widths, small_tail):
     assert "_static_step" not in draft.__dict__
 
 
+def test_compiled_static_step_matches_greedy(small_tail):
+    """`longspec_compile=True` (the default on a GPU): the draft step and the target's decoder layers run as
+    torch.compile regions; tokens equal plain greedy, later calls (new prompt, new buckets) reuse the compiled code,
+    and the models are left uncompiled afterwards."""
+    from torch._dynamo.utils import counters
+
+    target = make_target("qwen2", num_hidden_layers=3)
+    draft = LongSpecDraft.from_target(target, beam_widths=[4, 4, 4])
+    options = {"longspec_static_shapes": True, "longspec_compile": True}
+    before = counters["stats"]["unique_graphs"]
+    plain, spec = _both(target, draft, _prompt(2, 60), options, max_new_tokens=40)
+    assert torch.equal(plain, spec)
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled > before  # the regions were compiled
+    plain, spec = _both(target, draft, _prompt(5, 90), options, max_new_tokens=40)
+    assert torch.equal(plain, spec)
+    assert counters["stats"]["unique_graphs"] == compiled  # no recompilation for a new prompt and new buckets
+    assert all("forward" not in vars(m) for m in target.modules()) and "step" not in vars(draft)
+
+
 @pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
 @pytest.mark.parametrize("widths", [(4, 16, 16, 16, 16), (1, 1, 1), (3, 2)], ids=str)
 def test_oracle_draft_accepts_deep_paths_and_matches_greedy(family, widths, static, small_tail, monkeypatch):

@@ -28,7 +28,7 @@ from .lora import LORA_TARGET_MODULES, add_lora_to_draft, load_lora_draft, merge
 from .noisy import mask_noisy_labels, noise_visibility_mask, sample_noise_offset
 from .sharding import shard_target
 from .sources import python_package_sources, self_distill_texts, source_snippet_prompts
-from .trainer import LongSpecTrainer, save_trained_draft, target_last_layer_kv, unwrap_draft
+from .trainer import LongSpecTrainer, save_trained_draft, target_greedy_labels, target_last_layer_kv, unwrap_draft
 
 __all__ = [
     "LORA_TARGET_MODULES",
@@ -52,6 +52,7 @@ __all__ = [
     "self_distill_texts",
     "shard_target",
     "source_snippet_prompts",
+    "target_greedy_labels",
     "target_last_layer_kv",
     "unwrap_draft",
 ]

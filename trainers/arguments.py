@@ -29,6 +29,9 @@ class LongSpecTrainingArguments(TrainingArguments):
         index_seed (`int` or None): seed of the position-id / noise RNG; None = `seed`. Draws are derived from
             (index_seed, process, global step, micro-step), so a resumed run repeats the draws of an
             uninterrupted one.
+        distill_labels (`bool`): self-distillation — supervise each position with the target's own greedy next
+            token (argmax of its logits there, `target_greedy_labels`) instead of the text's next token; greedy
+            acceptance is agreement with that argmax. Evaluation losses then measure that agreement too.
         loss_chunk_size (`int`): positions per LM-head chunk in the loss (bounds the logits memory: one chunk of
             logits is alive at a time, the backward pass recomputes each).
         target_sharding (`str`): "auto" shards the frozen target over the processes with FSDP2 when the draft
@@ -66,6 +69,10 @@ class LongSpecTrainingArguments(TrainingArguments):
     )
     index_seed: int | None = field(
         default=None, metadata={"help": "Seed of the anchor-offset / noise draws; default: --seed."}
+    )
+    distill_labels: bool = field(
+        default=False,
+        metadata={"help": "Self-distillation: train on the target's greedy next token instead of the text's."},
     )
     loss_chunk_size: int = field(
         default=2048, metadata={"help": "Positions per LM-head chunk in the draft loss (bounds logits memory)."}
@@ -105,6 +112,6 @@ LONGSPEC_DEFAULTS = {
     name: LongSpecTrainingArguments.__dataclass_fields__[name].default
     for name in (
         "anchor_offset", "anchor_sinks", "anchor_max_length", "max_position", "noisy_training", "noise_max",
-        "index_seed", "loss_chunk_size", "target_sharding",
+        "index_seed", "distill_labels", "loss_chunk_size", "target_sharding",
     )
 }

@@ -5,6 +5,7 @@ Each step:
     positions = anchor_offset_position_ids(...)            # short sequences only (Alg. 1); else 0..seq-1
     j         = sample_noise_offset(noise_max)              # flash noisy training (Alg. 2); 1 = no noise
     K, V      = target's last-layer KV cache at `positions` # frozen target, no_grad, decoder only (no LM head)
+    labels    = the target's greedy next tokens             # only with distill_labels (self-distillation)
     loss      = draft(input_ids, K, V, position_ids=positions, labels=labels, noise_offset=j).loss
 
 Only `compute_loss` and `prediction_step` are overridden; batching, bf16 autocast, gradient accumulation,
@@ -35,12 +36,12 @@ from .arguments import LONGSPEC_DEFAULTS, LongSpecTrainingArguments
 from .noisy import sample_noise_offset
 from .sharding import shard_target, target_is_sharded, wants_target_sharding
 
-__all__ = ["LongSpecTrainer", "save_trained_draft", "target_last_layer_kv", "unwrap_draft"]
+__all__ = ["LongSpecTrainer", "save_trained_draft", "target_greedy_labels", "target_last_layer_kv", "unwrap_draft"]
 
 logger = logging.get_logger(__name__)
 
 
-def target_last_layer_kv(target, input_ids, position_ids, attention_mask=None):
+def target_last_layer_kv(target, input_ids, position_ids, attention_mask=None, return_hidden: bool = False):
     """Run the frozen target's decoder (no LM head) and return its last layer's KV cache.
 
     Args:
@@ -50,7 +51,9 @@ def target_last_layer_kv(target, input_ids, position_ids, attention_mask=None):
         attention_mask: (batch, seq) int64 (1 = token, 0 = right padding); None = all ones. Always passed
             explicitly: without it transformers reads position-id jumps (anchor-offset!) as packed sequences and
             would hide the attention sinks from the later tokens.
-    Returns: (keys, values), each (batch, n_kv_heads, seq, head_dim) in the target's dtype, post-RoPE, no grad.
+        return_hidden: also return the decoder's final (normed) hidden states (batch, seq, hidden).
+    Returns: (keys, values), each (batch, n_kv_heads, seq, head_dim) in the target's dtype, post-RoPE, no grad;
+        (keys, values, hidden) with `return_hidden`.
     Reference: LongSpec §3.2 (the draft is trained on the target's own KV cache); transformers `DynamicCache`.
     """
     if attention_mask is None:
@@ -61,7 +64,30 @@ def target_last_layer_kv(target, input_ids, position_ids, attention_mask=None):
         )
     cache = out.past_key_values if "past_key_values" in out else out["cache"]  # renamed `cache` in transformers 5.24
     layer = cache.layers[-1]
-    return layer.keys, layer.values
+    return (layer.keys, layer.values, out.last_hidden_state) if return_hidden else (layer.keys, layer.values)
+
+
+def target_greedy_labels(target, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """Self-distillation labels: at every supervised position, the target's own greedy next token.
+
+    Greedy speculative decoding accepts a draft token exactly when it equals the target's argmax, so training on
+    these labels optimises acceptance directly (the text's next token differs from the target's choice wherever the
+    target would not have written the text). The LM head runs in chunks of `chunk` positions under no_grad.
+
+    Args:
+        target: the target `*ForCausalLM` (its `lm_head` is used).
+        hidden: (batch, seq, hidden), the decoder's final hidden states (`target_last_layer_kv(return_hidden=True)`).
+        labels: (batch, seq) int64 in transformers' unshifted convention (-100 = not supervised).
+    Returns: (batch, seq) int64: position t + 1 holds argmax of the target's logits at t; -100 where `labels` is
+        -100 and at position 0.
+    Reference: greedy acceptance rule (Leviathan et al., 2023); self-distillation as in Medusa-2 / EAGLE.
+    """
+    greedy = torch.full_like(labels, -100)
+    with torch.no_grad():
+        for start in range(0, hidden.shape[1] - 1, chunk):
+            end = min(start + chunk, hidden.shape[1] - 1)
+            greedy[:, start + 1 : end + 1] = target.lm_head(hidden[:, start:end]).argmax(-1)
+    return greedy.masked_fill(labels == -100, -100)
 
 
 def unwrap_draft(model) -> LongSpecDraft:
@@ -148,7 +174,13 @@ class LongSpecTrainer(Trainer):
         noise = 1
         if training and self._option("noisy_training"):
             noise = sample_noise_offset(self._option("noise_max"), generator)
-        keys, values = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask)
+        if self._option("distill_labels"):
+            keys, values, hidden = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask,
+                                                        return_hidden=True)
+            labels = target_greedy_labels(self.target_model, hidden, labels)
+            del hidden
+        else:
+            keys, values = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask)
         outputs = model(
             input_ids=input_ids, target_keys=keys, target_values=values, position_ids=position_ids, labels=labels,
             noise_offset=noise, loss_chunk_size=self._option("loss_chunk_size"),

@@ -33,27 +33,39 @@ def hybrid_tree_attention(query, key, value, tree_mask: torch.Tensor, scale: flo
     `tree_mask.shape[1]` keys under `tree_mask` (`fused_mask_attn`, Triton on CUDA, its exact reference elsewhere);
     the two are merged by their LSEs. In the plain case the masked block is the tree itself (ancestor mask); the
     static-shape decode step (`static_step.py`) also puts the tail of the committed cache there (visible rows set).
+    It runs as the custom op `torch.ops.longspec.hybrid_tree_attention`, so `torch.compile` keeps it whole (an
+    opaque call inside the compiled graph) instead of tracing into the kernels.
 
     Args:
         query: (batch, n_heads, tree_size, head_dim).
         key, value: (batch, n_kv_heads, prefix + masked, head_dim), the masked block last.
         tree_mask: (tree_size, masked) bool, True where query i may see key `prefix + j`.
         scale: softmax scale (1/sqrt(head_dim) for the supported targets).
-    Returns: (batch, n_heads, tree_size, head_dim), dtype of `query`.
+    Returns: (batch, n_heads, tree_size, head_dim), contiguous, dtype of `query`.
     Raises: ValueError if the key length is shorter than the masked block.
-    Reference: LongSpec §3.4.
+    Reference: LongSpec §3.4; `torch.library.custom_op`.
     """
+    if key.shape[2] < tree_mask.shape[-1]:
+        raise ValueError(f"key length {key.shape[2]} is shorter than the masked block ({tree_mask.shape[-1]} keys)")
+    return _hybrid_op(query, key, value, tree_mask, float(scale))
+
+
+@torch.library.custom_op("longspec::hybrid_tree_attention", mutates_args=())
+def _hybrid_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tree_mask: torch.Tensor,
+               scale: float) -> torch.Tensor:
     masked = tree_mask.shape[-1]
     prefix = key.shape[2] - masked
-    if prefix < 0:
-        raise ValueError(f"key length {key.shape[2]} is shorter than the masked block ({masked} keys)")
     tree_attn = fused_mask_attn if _use_triton(query) else fused_mask_attn_ref
-    out_tree, lse_tree = tree_attn(query, key[:, :, prefix:], value[:, :, prefix:], tree_mask, scale)
-    if prefix == 0:
-        return out_tree
-    out_prefix, lse_prefix = prefix_attn(query, key[:, :, :prefix], value[:, :, :prefix], scale)
-    out, _ = merge_attention_states(out_prefix, lse_prefix, out_tree, lse_tree)
-    return out
+    out, lse_tree = tree_attn(query, key[:, :, prefix:], value[:, :, prefix:], tree_mask, scale)
+    if prefix > 0:
+        out_prefix, lse_prefix = prefix_attn(query, key[:, :, :prefix], value[:, :, :prefix], scale)
+        out, _ = merge_attention_states(out_prefix, lse_prefix, out, lse_tree)
+    return out.contiguous()
+
+
+@_hybrid_op.register_fake
+def _(query, key, value, tree_mask, scale):
+    return query.new_empty(query.shape)
 
 
 def longspec_attention_forward(

@@ -32,6 +32,7 @@ class _Storage:
     def __init__(self, num_layers: int, capacity: int):
         self.num_layers, self.capacity = num_layers, _round_up(max(int(capacity), 1))
         self.tensor: torch.Tensor | None = None
+        self.dynamic_length = False  # mark the length of the layers' views dynamic for torch.compile
 
     def allocate(self, key_states: torch.Tensor) -> None:
         batch, heads, _, dim = key_states.shape
@@ -84,6 +85,9 @@ class LongSpecCacheLayer(CacheLayerMixin):
     def _refresh_views(self) -> None:
         self.keys = self.key_buffer[:, :, : self.length]
         self.values = self.value_buffer[:, :, : self.length]
+        if self.storage.dynamic_length:  # compiled layers read these: one graph for every length, no recompiles
+            torch._dynamo.maybe_mark_dynamic(self.keys, 2)
+            torch._dynamo.maybe_mark_dynamic(self.values, 2)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Append `(batch, n_kv_heads, q_len, head_dim)` K/V after the current length; return the full views."""
@@ -143,6 +147,12 @@ class LongSpecCache(Cache):
     def __init__(self, num_layers: int, capacity: int):
         self.storage = _Storage(num_layers, capacity)
         super().__init__(layers=[LongSpecCacheLayer(self.storage, i) for i in range(num_layers)])
+
+    @torch.compiler.disable
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """`Cache.update`, kept out of `torch.compile` graphs: it moves a Python length pointer, so leaving it out
+        lets one compiled decoder layer serve every committed length (`static_step.py` compiles the layers)."""
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property
     def committed_length(self) -> int:

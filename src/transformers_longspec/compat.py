@@ -13,6 +13,9 @@ What we patch or register (idempotently, by `install()`, which `import transform
 * `AutoConfig` / `AutoModel` (public registries): `model_type="longspec_draft"`.
 * `_previous_max_cache_length` (private attribute `generate` leaves on a model after a static-cache call):
   `forget_static_cache_length` clears it so that benchmarks size each static cache to its own prompt.
+* `torch._dynamo.config` (private) and instance-level `forward` / `step` attributes, only inside
+  `compiled_methods` (the static-shape step's `torch.compile` regions): `allow_unspec_int_on_nn_module` lets one
+  compiled graph serve all decoder layers (their `layer_idx` differs) instead of one recompilation per layer.
 * A forward hook on the target's LM head for the first forward of a LongSpec `generate` (public torch API, removed
   on exit): NaN/inf prefill logits raise instead of decoding garbage.
 
@@ -36,10 +39,11 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTENTION_NAME = "longspec"
 # per-call `generate(longspec_<name>=...)` options, passed to `longspec_tree_decode(<name>=...)`
-LONGSPEC_OPTIONS = ("beam_widths", "static_shapes")
+LONGSPEC_OPTIONS = ("beam_widths", "static_shapes", "compile")
 MODEL_TYPE = "longspec_draft"
 MIN_TRANSFORMERS = version.parse("5.17.0")
 _ORIGINALS: dict[str, object] = {}
+_MISSING = object()
 
 
 def _is_longspec(assistant_model) -> bool:
@@ -198,6 +202,31 @@ def tree_attention(target):
     Reference: transformers `PreTrainedModel.set_attn_implementation`.
     """
     return attention_implementation(target, ATTENTION_NAME)
+
+
+@contextmanager
+def compiled_methods(replacements):
+    """Within the block, `obj.<name>` is `compiled` bound to `obj`, for each (obj, name, compiled) of `replacements`
+    (`compiled` = `torch.compile` of the class's function); the instances are restored afterwards, also on error.
+
+    Used around the capture of the static-shape step only, so the user's models stay uncompiled everywhere else.
+    Reference: `torch.compile`, `torch._dynamo.config.allow_unspec_int_on_nn_module`.
+    """
+    import torch._dynamo
+
+    replaced = []
+    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+        try:
+            for obj, name, compiled in replacements:
+                replaced.append((obj, name, vars(obj).get(name, _MISSING)))
+                setattr(obj, name, compiled.__get__(obj))
+            yield
+        finally:
+            for obj, name, previous in replaced:
+                if previous is _MISSING:
+                    delattr(obj, name)  # the class's own method shows through again
+                else:
+                    setattr(obj, name, previous)
 
 
 def forget_static_cache_length(model) -> None:

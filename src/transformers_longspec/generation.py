@@ -153,6 +153,7 @@ def longspec_tree_decode(
     streamer=None,
     beam_widths=None,
     static_shapes=None,
+    compile=None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Lossless LongSpec tree decoding for batch size 1 (called by the patched `generate`).
@@ -167,6 +168,9 @@ def longspec_tree_decode(
             sized tensors; None (default) means True on CUDA and False elsewhere. Both are lossless. With static
             shapes the target cache and the graphs are kept on the draft for the next call (free them with
             `draft.free_static_buffers()`) and the returned output carries no past_key_values.
+        compile: `generate(longspec_compile=...)`: True runs the draft step and the target's decoder layers as
+            `torch.compile` regions inside the static-shape step (fused kernels; compiled on the first call, tens of
+            seconds on a GPU, then reused); None (default) means True with static shapes on CUDA, False elsewhere.
         **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
     Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
     Raises: ValueError for what cannot be honoured (see `compat.check_generate_call`).
@@ -176,13 +180,17 @@ def longspec_tree_decode(
     widths = resolve_beam_widths(draft, generation_config, beam_widths)
     device = input_ids.device
     static_shapes = device.type == "cuda" if static_shapes is None else bool(static_shapes)
+    if compile and not static_shapes:
+        raise ValueError("longspec_compile=True compiles the static-shape step: drop longspec_static_shapes=False "
+                         "or longspec_compile=True")
+    compile = static_shapes and device.type == "cuda" if compile is None else bool(compile)
     stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths)
     draft.last_generation_stats = stats
     timer = _Timer(device)
     start = timer.now()
     capacity = generation_config.max_length + 1 + sum(widths)
     if static_shapes:
-        engine = _static_engine(target, draft, widths, capacity)
+        engine = _static_engine(target, draft, widths, capacity, compile)
         cache = engine.start(input_ids)
     else:
         cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, capacity)
@@ -224,13 +232,14 @@ def longspec_tree_decode(
     return output.result(None if static_shapes else cache)
 
 
-def _static_engine(target, draft, widths, capacity: int) -> StaticTreeStep:
-    """The draft's `StaticTreeStep` for this call, reused when it fits (same models, tree, enough capacity)."""
+def _static_engine(target, draft, widths, capacity: int, compile: bool = False) -> StaticTreeStep:
+    """The draft's `StaticTreeStep` for this call, reused when it fits (same models, tree, compile flag, enough
+    capacity)."""
     engine = draft.__dict__.get("_static_step")
-    if engine is None or not engine.fits(target, draft, widths, capacity):
+    if engine is None or not engine.fits(target, draft, widths, capacity, compile):
         draft.__dict__.pop("_static_step", None)  # free the old buffers before allocating new ones
         on_cuda = next(target.parameters()).device.type == "cuda"
-        engine = StaticTreeStep(target, draft, widths, capacity, cuda_graphs=on_cuda)
+        engine = StaticTreeStep(target, draft, widths, capacity, cuda_graphs=on_cuda, compile=compile)
         draft.__dict__["_static_step"] = engine
     return engine
 

@@ -104,6 +104,19 @@ def sliding_window_attention(q, k, v, window: int, scale: float | None = None) -
     return out.unflatten(0, (batch, blocks)).transpose(1, 2).flatten(2, 3)[:, :, :seq]
 
 
+def _optional_hybrid_attention():
+    """The package's `hybrid_tree_attention`, or None where this file is loaded alone as Hub remote code (the
+    static-shape decoding that needs it only runs with the package installed). Imported by name so that
+    transformers' remote-code loader does not look for an `attention.py` beside this file."""
+    try:
+        return importlib.import_module(".attention", __package__).hybrid_tree_attention
+    except ImportError:
+        return None
+
+
+_HYBRID_TREE_ATTENTION = _optional_hybrid_attention()
+
+
 class LongSpecSelfAttention(nn.Module):
     """Sliding-window causal self-attention of the draft (GQA layout of the target)."""
 
@@ -163,10 +176,7 @@ class LongSpecCrossAttention(nn.Module):
         """
         q = _rope(self.q_proj(hidden).view(*hidden.shape[:-1], -1, self.head_dim).transpose(1, 2), cos, sin)
         if tail_mask is not None:
-            # static-shape inference (static_step.py) only; imported by name so that this file also loads alone as Hub
-            # remote code, where that path is never taken
-            hybrid = importlib.import_module(".attention", __package__).hybrid_tree_attention
-            out = hybrid(q, target_keys, target_values, tail_mask.expand(q.shape[2], -1), self.scaling)
+            out = _HYBRID_TREE_ATTENTION(q, target_keys, target_values, tail_mask.expand(q.shape[2], -1), self.scaling)
         elif offset is None:
             out = _attend(q, target_keys, target_values, scale=self.scaling)
         else:

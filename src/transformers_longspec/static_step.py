@@ -18,21 +18,30 @@ every ~TAIL/τ steps), and graphs are kept for reuse by later calls. The draft's
 every step (recomputing K/V that are already there is harmless: a one-layer draft's K/V depend only on the token
 and its position), which covers every token committed since the previous step.
 
+With `compile=True` the draft's step and the target's decoder layers run as `torch.compile` (inductor) regions
+while the graphs are captured, so a replay launches fused kernels (one RMSNorm, one RoPE, one SiLU-gate ... instead
+of ~47 small kernels per layer). The cache update stays outside the compiled regions and the hybrid attention is an
+opaque custom op inside them, so the same compiled code serves every bucket and every layer; it is compiled on the
+first call (tens of seconds on a GPU) and reused by later calls in the process.
+
 Everything after the verification (logits processors, acceptance, compaction of the accepted path, stopping
 checks) runs eagerly with a single read-back of the accepted path.
 
 Reference: LongSpec (arXiv 2502.17421) §3.3–3.4; CUDA graphs in PyTorch (`torch.cuda.CUDAGraph`,
-`torch.cuda.graph`), the "static cache" idea of transformers' `StaticCache`.
+`torch.cuda.graph`), the "static cache" idea of transformers' `StaticCache`; regional compilation
+(`torch.compile` of repeated blocks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections import OrderedDict
 
 import torch
 
+from . import compat
 from .cache import DraftRingCache, LongSpecCache, _round_up
 from .tree import DraftTree, grow_tree, tree_layout
 
@@ -50,6 +59,7 @@ class StaticTreeStep:
         capacity: tokens the target cache must hold (prompt + new tokens); buffers are sized for it plus the tail
             block and the tree, so they never grow during decoding.
         cuda_graphs: capture and replay CUDA graphs (CUDA only); False runs the same static-shape code eagerly.
+        compile: run the draft step and the target's decoder layers as `torch.compile` regions (module docstring).
 
     Buffers (all on the target's device): the target cache (`LongSpecCache`, capacity rows), the draft's ring
     cache, the sequence's tokens `(capacity,)` int64, and the committed length `(,)` int64.
@@ -58,7 +68,8 @@ class StaticTreeStep:
     Reference: module docstring.
     """
 
-    def __init__(self, target, draft, beam_widths: tuple[int, ...], capacity: int, cuda_graphs: bool):
+    def __init__(self, target, draft, beam_widths: tuple[int, ...], capacity: int, cuda_graphs: bool,
+                 compile: bool = False):
         device = next(target.parameters()).device
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA target, got one on {device}; use longspec_static_shapes=False "
@@ -70,6 +81,7 @@ class StaticTreeStep:
         self.depths = tree_layout(beam_widths)[0].to(device)
         self.capacity = _round_up(capacity + TAIL + self.tree_size)
         self.cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, self.capacity)
+        self.cache.storage.dynamic_length = compile
         param = next(draft.parameters())
         c = draft.config
         self.ring = DraftRingCache(c.sliding_window, self.tree_size, c.num_key_value_heads, c.head_dim, param.dtype,
@@ -81,10 +93,13 @@ class StaticTreeStep:
         self._graphs: OrderedDict[int, tuple] = OrderedDict()
         self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self._stream = torch.cuda.Stream(device) if cuda_graphs else None
+        self.compile = compile
+        self._compiled = _compile_regions(target, draft) if compile else {}
 
-    def fits(self, target, draft, beam_widths, capacity: int) -> bool:
-        """True if this engine serves a call with these models, tree shape and capacity (tokens)."""
+    def fits(self, target, draft, beam_widths, capacity: int, compile: bool = False) -> bool:
+        """True if this engine serves a call with these models, tree shape, capacity (tokens) and compile flag."""
         return (self.target_ref() is target and self.draft_ref() is draft and self.beam_widths == tuple(beam_widths)
+                and self.compile == compile
                 and capacity + TAIL + self.tree_size <= self.capacity
                 and _weight_storage(target, draft) == self._weights)
 
@@ -120,9 +135,10 @@ class StaticTreeStep:
         bucket = committed // TAIL * TAIL
         events = StepClock(self.device)
         if not self.cuda_graphs:
-            tree = self._draft(bucket)
-            events.mark()
-            return tree, self._verify(bucket, tree), events
+            with self._compiled_regions():
+                tree = self._draft(bucket)
+                events.mark()
+                return tree, self._verify(bucket, tree), events
         if bucket in self._graphs:
             self._graphs.move_to_end(bucket)
             draft_graph, verify_graph, tree, logits = self._graphs[bucket]
@@ -138,7 +154,7 @@ class StaticTreeStep:
         # it), then the same code is captured for the following steps. Its result is returned as is.
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        with self._compiled_regions(), torch.cuda.stream(stream):
             tree = self._draft(bucket)
             logits = self._verify(bucket, tree)
         torch.cuda.synchronize(self.device)
@@ -146,12 +162,21 @@ class StaticTreeStep:
         while len(self._graphs) >= MAX_GRAPHS:
             self._graphs.popitem(last=False)
         draft_graph, verify_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(draft_graph, pool=self._pool, stream=stream):
-            static_tree = self._draft(bucket)
-        with torch.cuda.graph(verify_graph, pool=self._pool, stream=stream):
-            static_logits = self._verify(bucket, static_tree)
+        with self._compiled_regions():
+            with torch.cuda.graph(draft_graph, pool=self._pool, stream=stream):
+                static_tree = self._draft(bucket)
+            with torch.cuda.graph(verify_graph, pool=self._pool, stream=stream):
+                static_logits = self._verify(bucket, static_tree)
         self._graphs[bucket] = (draft_graph, verify_graph, static_tree, static_logits)
         return tree, logits
+
+    def _compiled_regions(self):
+        """Within the block the target's decoder layers and the draft's step are the compiled ones (if `compile`)."""
+        if not self._compiled:
+            return contextlib.nullcontext()
+        target, draft = self.target_ref(), self.draft_ref()
+        modules = [draft] + [m for m in target.modules() if type(m) in self._compiled and "forward" not in vars(m)]
+        return compat.compiled_methods([(m, *self._compiled[type(m)]) for m in modules])
 
     def _fill_ring(self, committed: int) -> None:
         start = max(0, committed - self.ring.window)
@@ -167,8 +192,12 @@ class StaticTreeStep:
         self.ring.store_tokens(draft, self.tokens[positions], positions)
         last = self.cache.layers[-1]
         end = bucket + TAIL
-        return grow_tree(draft, self.ring, self.tokens[c.view(1)], c, last.key_buffer[:, :, :end],
-                         last.value_buffer[:, :, :end], self.beam_widths, target_tail_mask=self._tail < c - bucket)
+        keys, values = last.key_buffer[:, :, :end], last.value_buffer[:, :, :end]
+        if self.compile:  # the compiled draft step serves every bucket
+            torch._dynamo.maybe_mark_dynamic(keys, 2)
+            torch._dynamo.maybe_mark_dynamic(values, 2)
+        return grow_tree(draft, self.ring, self.tokens[c.view(1)], c, keys, values, self.beam_widths,
+                         target_tail_mask=self._tail < c - bucket)
 
     def _verify(self, bucket: int, tree: DraftTree) -> torch.Tensor:
         """Static-shape verification forward; the tree's K/V land at rows bucket + TAIL ... (see module docstring)."""
@@ -184,6 +213,18 @@ class StaticTreeStep:
             longspec_tree_mask=mask,
         )
         return out.logits[0]
+
+
+def _compile_regions(target, draft) -> dict[type, tuple[str, object]]:
+    """{module class: (method name, its `torch.compile`d function)} for the draft's `step` and the target's decoder
+    layers (the classes named in `_no_split_modules`, transformers' list of its repeated blocks). Layers that carry
+    an instance-level `forward` (accelerate hooks, e.g. `device_map`) are left eager by `_compiled_regions`.
+    """
+    names = set(getattr(target, "_no_split_modules", None) or ())
+    layers = {type(m) for m in target.modules() if type(m).__name__ in names}
+    compiled = {cls: ("forward", torch.compile(cls.forward)) for cls in layers}
+    compiled[type(draft)] = ("step", torch.compile(type(draft).step))
+    return compiled
 
 
 def _weight_storage(target, draft) -> tuple:

@@ -10,6 +10,7 @@ from transformers_longspec.trainers import (
     LongSpecTrainer,
     LongSpecTrainingArguments,
     TokenCollator,
+    target_greedy_labels,
     target_last_layer_kv,
 )
 
@@ -44,6 +45,33 @@ def test_three_steps_lower_the_loss_and_train_only_the_draft(tmp_path, family):
     optimised = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
     assert optimised == draft_ids
     assert not target.training and all(not p.requires_grad and p.grad is None for p in target.parameters())
+
+
+def test_greedy_labels_are_the_targets_argmax():
+    target = make_target("qwen2")
+    ids = torch.stack([row["input_ids"] for row in ROWS[:2]])
+    positions = torch.arange(32).expand_as(ids)
+    _, _, hidden = target_last_layer_kv(target, ids, positions, return_hidden=True)
+    labels = ids.clone()
+    labels[1, 20:] = -100
+    greedy = target_greedy_labels(target, hidden, labels, chunk=7)  # chunks that do not divide the length
+    expected = target(ids).logits.argmax(-1)
+    assert greedy[0, 0] == -100 and torch.equal(greedy[0, 1:], expected[0, :-1])
+    assert torch.equal(greedy[1, 1:20], expected[1, :19]) and (greedy[1, 20:] == -100).all()
+    assert not torch.equal(greedy[0, 1:], ids[0, 1:])  # a random text is not what the target would write
+
+
+def test_distilled_training_fits_the_targets_greedy_choices(tmp_path):
+    """With distill_labels the draft learns the target's argmax: measured against those labels (the distilled
+    evaluation loss), it ends far below a draft trained for as long on the text."""
+    target = make_target("llama")
+    losses = {}
+    for distill in (False, True):
+        trained = _trainer(target, _args(tmp_path / str(distill), distill_labels=distill, max_steps=6))
+        trained.train()
+        judge = _trainer(target, _args(tmp_path / "eval", distill_labels=True), draft=trained.model)
+        losses[distill] = judge.evaluate()["eval_loss"]
+    assert losses[True] < losses[False] - 0.3, losses
 
 
 def test_checkpoint_holds_only_the_draft_and_generates_like_greedy(tmp_path):
