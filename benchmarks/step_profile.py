@@ -3,7 +3,8 @@
     python benchmarks/step_profile.py --shape qwen2.5-1.5b --contexts 8192,16384,30000 --out step_profile.json
 
 For each context: plain greedy `generate` (sdpa) and LongSpec with eager steps, with static shapes + CUDA graphs,
-and with static shapes + CUDA graphs + compiled regions (`longspec_compile`, the GPU default), same prompt, same untrained draft (so τ is near 1: the numbers are per STEP, not per token). Reports ms per step
+and with static shapes + CUDA graphs + compiled regions (`longspec_compile`, the GPU default), same prompt,
+same untrained draft (so τ is near 1: the numbers are per STEP, not per token). Reports ms per step
 (draft / verify / rest), the first-call cost of graph capture, peak memory, and whether each LongSpec output equals
 plain greedy (random weights in bf16 have many near-ties, so a mismatch here is not by itself a bug; the
 exactness checks are the tests and the real-model runs).

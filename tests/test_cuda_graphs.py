@@ -58,7 +58,8 @@ def test_graphs_with_and_without_compile_match_plain_greedy(compile, small_tail)
     for seed, length in [(4, 120), (6, 33)]:
         ids = _prompt(seed, length)
         plain = target.generate(ids, do_sample=False, max_new_tokens=80)
-        spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=80, longspec_compile=compile)
+        spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=80,
+                               longspec_compile=compile)
         assert torch.equal(plain, spec), (compile, seed)
     engine = draft.__dict__["_static_step"]
     assert engine.compile is compile and len(engine._graphs) >= 4
