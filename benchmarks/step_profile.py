@@ -66,18 +66,42 @@ def profile(target, draft, context: int, new_tokens: int) -> dict:
     return row
 
 
+def timing_pattern(target, draft, context: int, new_tokens: int) -> dict:
+    """Decode seconds of LongSpec as `longspec bench` measures them, T(N) - T(1), without and with an untimed
+    full-length warm-up on the same prompt first (the warm-up captures the prompt's buckets, as static-cache
+    baselines are compiled before timing)."""
+    ids = torch.randint(100, 20000, (1, context), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+
+    def call(n):
+        return timed_call(lambda: target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=n),
+                          "cuda")[1]
+
+    row = {"context": context, "new_tokens": new_tokens}
+    for name, warm in (("cold", False), ("warm", True)):
+        draft.free_static_buffers()
+        warm_s = call(new_tokens) if warm else None
+        t1 = call(1)
+        tn = call(new_tokens)
+        row[name] = {"warm_up_s": warm_s, "decode_s": tn - t1,
+                     "ms_per_step": 1e3 * (tn - t1) / len(draft.last_generation_stats.accepted_lengths)}
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
     parser.add_argument("--contexts", default="8192,16384,30000")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--out", default="step_profile.json")
+    parser.add_argument("--timing-pattern", action="store_true",
+                        help="only compare bench timing without / with a same-prompt warm-up (timing_pattern)")
     args = parser.parse_args()
     target = random_target(args.shape)
     draft = LongSpecDraft.from_target(target).to(device="cuda", dtype=torch.bfloat16)
     rows = []
     for context in [int(c) for c in args.contexts.split(",")]:
-        rows.append(profile(target, draft, context, args.new_tokens))
+        measure = timing_pattern if args.timing_pattern else profile
+        rows.append(measure(target, draft, context, args.new_tokens))
         print(json.dumps(rows[-1]), flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape}
     with open(args.out, "w") as f:

@@ -89,6 +89,20 @@ def test_static_shapes_match_greedy(family, widths, small_tail):
     assert "_static_step" not in draft.__dict__
 
 
+def test_calls_of_similar_length_share_the_static_engine(small_tail):
+    """A 1-token call then a 64-token call on one prompt (what a benchmark's T(1), T(N) do): one engine, so the
+    graphs captured by the first call serve the second (its buffers come in steps of CAPACITY_STEP tokens)."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target)
+    ids = _prompt(4, 100)  # the two calls need 247 and 310 rows: different engines if buffers came in 256s
+    options = {"longspec_static_shapes": True}
+    _both(target, draft, ids, options, max_new_tokens=1)
+    engine = draft.__dict__["_static_step"]
+    plain, spec = _both(target, draft, ids, options, max_new_tokens=64)
+    assert torch.equal(plain, spec) and draft.__dict__["_static_step"] is engine
+    assert engine.capacity % static_step.CAPACITY_STEP == 0
+
+
 def test_compiled_static_step_matches_greedy(small_tail):
     """`longspec_compile=True` (the default on a GPU): the draft step and the target's decoder layers run as
     torch.compile regions; tokens equal plain greedy, later calls (new prompt, new buckets) reuse the compiled code,

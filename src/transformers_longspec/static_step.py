@@ -47,6 +47,7 @@ from .tree import DraftTree, grow_tree, tree_layout
 
 TAIL = 512  # tokens per bucket of the committed length; a new graph pair is captured per bucket
 MAX_GRAPHS = 64  # graph pairs kept per engine (least recently used evicted): ~21 MB of logits each for a 150k vocab
+CAPACITY_STEP = 4096  # engine buffers grow in these steps (tokens): calls of similar lengths share graphs
 
 
 class StaticTreeStep:
@@ -57,7 +58,9 @@ class StaticTreeStep:
         draft: an attached `LongSpecDraft` on the same device.
         beam_widths: tree shape (see `tree.grow_tree`).
         capacity: tokens the target cache must hold (prompt + new tokens); buffers are sized for it plus the tail
-            block and the tree, so they never grow during decoding.
+            block and the tree, rounded up to a multiple of `CAPACITY_STEP`, so they never grow during decoding and
+            later calls of similar lengths (a 1-token and a 256-token call on one prompt) reuse the engine and its
+            captured graphs.
         cuda_graphs: capture and replay CUDA graphs (CUDA only); False runs the same static-shape code eagerly.
         compile: run the draft step and the target's decoder layers as `torch.compile` regions (module docstring).
 
@@ -79,7 +82,7 @@ class StaticTreeStep:
         self.beam_widths, self.cuda_graphs, self.device = tuple(beam_widths), cuda_graphs, device
         self.tree_size, self.depth = 1 + sum(beam_widths), len(beam_widths)
         self.depths = tree_layout(beam_widths)[0].to(device)
-        self.capacity = _round_up(capacity + TAIL + self.tree_size)
+        self.capacity = _round_up(capacity + TAIL + self.tree_size, CAPACITY_STEP)
         self.cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, self.capacity)
         self.cache.storage.dynamic_length = compile
         param = next(draft.parameters())
