@@ -51,7 +51,8 @@ def main() -> None:
     args = parser.parse_args()
     with open(args.bench) as f, open(args.profile) as g:
         rows = derive(json.load(f), json.load(g))
-    print("| method | dataset | bucket | τ | measured tok/s | derived tok/s | static+compile tok/s | measured × | derived × |")
+    print("| method | dataset | bucket | τ | measured tok/s | derived tok/s | static+compile tok/s | measured × "
+          "| derived × |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['method']} | {r['dataset']} | {r['bucket']} | {r['tau']:.2f} | {r['measured_tok_s']:.1f} | "

@@ -1,5 +1,7 @@
 """Exactness first: generate with a LongSpec draft returns the same token ids as plain greedy generate."""
 
+import warnings
+
 import pytest
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
@@ -120,6 +122,32 @@ def test_compiled_static_step_matches_greedy(small_tail):
     plain, spec = _both(target, draft, _prompt(5, 90), options, max_new_tokens=40)
     assert torch.equal(plain, spec)
     assert counters["stats"]["unique_graphs"] == compiled  # no recompilation for a new prompt and new buckets
+    assert all("forward" not in vars(m) for m in target.modules()) and "step" not in vars(draft)
+
+
+def test_compile_failure_falls_back_with_a_warning(small_tail, monkeypatch):
+    """A model torch.compile cannot handle: one RuntimeWarning naming the fix, then the same tokens as plain greedy
+    without the compiled regions (the engine remembers; the next call does not warn again)."""
+    import torch._dynamo
+
+    def untraceable(*args, **kwargs):
+        raise torch._dynamo.exc.TorchDynamoException("simulated: dynamo cannot trace this model")
+
+    def regions(target, draft):
+        return {cls: (name, untraceable) for cls, (name, _) in real(target, draft).items()}
+
+    real = static_step._compile_regions
+    monkeypatch.setattr(static_step, "_compile_regions", regions)
+    target = make_target("mistral")
+    draft = LongSpecDraft.from_target(target, beam_widths=[3, 3])
+    options = {"longspec_static_shapes": True, "longspec_compile": True}
+    with pytest.warns(RuntimeWarning, match="longspec_compile=False"):
+        plain, spec = _both(target, draft, _prompt(6, 50), options, max_new_tokens=20)
+    assert torch.equal(plain, spec) and len(draft.last_generation_stats.accepted_lengths) > 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plain, spec = _both(target, draft, _prompt(7, 30), options, max_new_tokens=20)
+    assert torch.equal(plain, spec)
     assert all("forward" not in vars(m) for m in target.modules()) and "step" not in vars(draft)
 
 

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 import weakref
 from collections import OrderedDict
 
 import torch
+import torch._dynamo
 
 from . import compat
 from .cache import DraftRingCache, LongSpecCache, _round_up
@@ -138,10 +140,8 @@ class StaticTreeStep:
         bucket = committed // TAIL * TAIL
         events = StepClock(self.device)
         if not self.cuda_graphs:
-            with self._compiled_regions():
-                tree = self._draft(bucket)
-                events.mark()
-                return tree, self._verify(bucket, tree), events
+            tree, logits = self._eager_step(bucket, events)
+            return tree, logits, events
         if bucket in self._graphs:
             self._graphs.move_to_end(bucket)
             draft_graph, verify_graph, tree, logits = self._graphs[bucket]
@@ -157,9 +157,8 @@ class StaticTreeStep:
         # it), then the same code is captured for the following steps. Its result is returned as is.
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with self._compiled_regions(), torch.cuda.stream(stream):
-            tree = self._draft(bucket)
-            logits = self._verify(bucket, tree)
+        with torch.cuda.stream(stream):
+            tree, logits = self._eager_step(bucket)
         torch.cuda.synchronize(self.device)
         events.mark()  # the eager first step of a bucket (and its capture) is reported as draft time
         while len(self._graphs) >= MAX_GRAPHS:
@@ -172,6 +171,31 @@ class StaticTreeStep:
                 static_logits = self._verify(bucket, static_tree)
         self._graphs[bucket] = (draft_graph, verify_graph, static_tree, static_logits)
         return tree, logits
+
+    def _eager_step(self, bucket: int, events: StepClock | None = None) -> tuple[DraftTree, torch.Tensor]:
+        """Draft + verification run eagerly (under the compiled regions, if any), marking `events` in between.
+
+        If torch.compile fails on these models (an architecture or wrapper dynamo cannot trace), warn once and go on
+        without the compiled regions for this engine: the same tokens, slower steps. The step only writes buffers
+        that a rerun rewrites, so it is simply run again.
+        """
+        try:
+            with self._compiled_regions():
+                tree = self._draft(bucket)
+                if events is not None:
+                    events.mark()
+                return tree, self._verify(bucket, tree)
+        except torch._dynamo.exc.TorchDynamoException as err:
+            if not self._compiled:
+                raise
+            first_line = (str(err).strip().splitlines() or [""])[0][:200]
+            warnings.warn(f"LongSpec: torch.compile failed on this target or draft ({type(err).__name__}: "
+                          f"{first_line}); decoding goes on without compiled regions. Pass longspec_compile=False "
+                          "to skip the attempt.", RuntimeWarning, stacklevel=2)
+            self._compiled = {}
+            if events is not None:
+                del events.points[1:]
+            return self._eager_step(bucket, events)
 
     def _compiled_regions(self):
         """Within the block the target's decoder layers and the draft's step are the compiled ones (if `compile`)."""
