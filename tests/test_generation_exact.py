@@ -214,10 +214,15 @@ def test_generation_config_tree_shape(family):
     target = make_target(family)
     draft = LongSpecDraft.from_target(target)
     ids = _prompt(3, 12)
-    config = GenerationConfig(max_new_tokens=8, do_sample=False, longspec_beam_widths=[2, 2])
+    config = GenerationConfig(max_new_tokens=8, do_sample=False, longspec_beam_widths=[2, 2],
+                              longspec_static_shapes=True)
     out = target.generate(ids, assistant_model=draft, generation_config=config)
     assert torch.equal(out, target.generate(ids, generation_config=config))
-    assert draft.last_generation_stats.beam_widths == (2, 2)
+    assert draft.last_generation_stats.beam_widths == (2, 2) and "_static_step" in draft.__dict__  # config options
+    draft.free_static_buffers()
+    out = target.generate(ids, assistant_model=draft, generation_config=config, longspec_static_shapes=False)
+    assert torch.equal(out, target.generate(ids, generation_config=config))
+    assert "_static_step" not in draft.__dict__  # the call's option wins over the config's
 
 
 def test_static_buffers_follow_new_weights(small_tail):

@@ -37,8 +37,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         description="Train a new LongSpec draft for a target model, continue training a saved one (--draft), or adapt "
         "one to a domain with LoRA (--draft ... --lora). A recipe is a JSON file of data and training settings; "
         "shipped ones: stage1 (short text), stage2 (long context), stage3 (chat / task), smollm2-gpu, "
-        "qwen2.5-coder-1.5b-gpu (see trainers/recipes/README.md). Progress bars and losses come from the "
-        "transformers Trainer; the final draft and its model card are saved to --output.",
+        "qwen2.5-coder-1.5b-gpu, qwen2.5-coder-1.5b-distill (see trainers/recipes/README.md). Progress bars and "
+        "losses come from the transformers Trainer; the final draft and its model card are saved to --output.",
         epilog="example: longspec train --recipe stage1 --target smollm2 --output drafts/smollm2 --max-steps 50\n"
         "a few minutes on a CPU: ... --max-steps 3 --set per_device_train_batch_size=1 --set-data max_sequences=8 "
         "--set-data eval_sequences=0 (no evaluation rows: evaluation is the slow part on a CPU)",

@@ -6,7 +6,8 @@ What we patch or register (idempotently, by `install()`, which `import transform
   every other assistant runs the original, unchanged.
 * `GenerationMixin._extract_generation_mode_kwargs` (private): with a LongSpec assistant, per-call
   `longspec_*` kwargs of `generate` (e.g. `longspec_beam_widths=[4, 8, 8]`) reach the decode loop instead of
-  being rejected as unused model kwargs.
+  being rejected as unused model kwargs; the same options set on the `GenerationConfig` apply when the call does
+  not give them.
 * `GenerationConfig.get_generation_mode` (public method, wrapped): beam search with a LongSpec assistant
   raises instead of silently ignoring the assistant (stock behaviour is a warning).
 * `AttentionInterface` / `AttentionMaskInterface` (public registries): the "longspec" attention.
@@ -110,10 +111,17 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
             raise ValueError("a LongSpec draft shares the target's tokenizer; do not pass assistant_tokenizer")
     options = {name: model_kwargs.pop(f"longspec_{name}") for name in LONGSPEC_OPTIONS
                if f"longspec_{name}" in model_kwargs}
+    known = ", ".join(f"longspec_{name}" for name in LONGSPEC_OPTIONS)
     unknown = sorted(k for k in model_kwargs if k.startswith("longspec_"))
     if unknown:
-        known = ", ".join(f"longspec_{name}" for name in LONGSPEC_OPTIONS)
         raise ValueError(f"unknown LongSpec option(s) {unknown}; the per-call options are {known}")
+    unknown = sorted(k for k in vars(generation_config) if k.startswith("longspec_")
+                     and k.removeprefix("longspec_") not in LONGSPEC_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown LongSpec option(s) {unknown} in generation_config; the options are {known}")
+    for name in LONGSPEC_OPTIONS:  # GenerationConfig(longspec_<name>=...) applies when the call does not say
+        if name not in options and getattr(generation_config, f"longspec_{name}", None) is not None:
+            options[name] = getattr(generation_config, f"longspec_{name}")
     with _finite_prefill_logits(self):
         return longspec_tree_decode(self, assistant_model, input_ids, logits_processor, stopping_criteria,
                                     generation_config, streamer=streamer, **options, **model_kwargs)

@@ -171,6 +171,7 @@ def longspec_tree_decode(
         compile: `generate(longspec_compile=...)`: True runs the draft step and the target's decoder layers as
             `torch.compile` regions inside the static-shape step (fused kernels; compiled on the first call, tens of
             seconds on a GPU, then reused); None (default) means True with static shapes on CUDA, False elsewhere.
+            All three options may also be set on the `GenerationConfig` (`longspec_compile=...`); the call wins.
         **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
     Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
     Raises: ValueError for what cannot be honoured (see `compat.check_generate_call`).
@@ -179,11 +180,7 @@ def longspec_tree_decode(
     compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs)
     widths = resolve_beam_widths(draft, generation_config, beam_widths)
     device = input_ids.device
-    static_shapes = device.type == "cuda" if static_shapes is None else bool(static_shapes)
-    if compile and not static_shapes:
-        raise ValueError("longspec_compile=True compiles the static-shape step: drop longspec_static_shapes=False "
-                         "or longspec_compile=True")
-    compile = static_shapes and device.type == "cuda" if compile is None else bool(compile)
+    static_shapes, compile = _resolve_static_options(static_shapes, compile, device)
     stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths)
     draft.last_generation_stats = stats
     timer = _Timer(device)
@@ -230,6 +227,24 @@ def longspec_tree_decode(
     stats.new_tokens = output.sequences.shape[1] - stats.prompt_tokens
     stats.total_s = timer.now() - start
     return output.result(None if static_shapes else cache)
+
+
+def _resolve_static_options(static_shapes, compile, device: torch.device) -> tuple[bool, bool]:
+    """(static_shapes, compile) for this call from the `longspec_static_shapes` / `longspec_compile` options (None =
+    the default: both on CUDA, both off elsewhere). Raises ValueError for a non-bool value or compile without static
+    shapes, naming the fix."""
+    for name, value in (("static_shapes", static_shapes), ("compile", compile)):
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"longspec_{name} must be True, False or None (the default), got {value!r}")
+    if compile and static_shapes is False:
+        raise ValueError("longspec_compile=True compiles the static-shape step: drop longspec_static_shapes=False "
+                         "or longspec_compile=True")
+    if compile and static_shapes is None and device.type != "cuda":
+        raise ValueError(f"longspec_compile=True compiles the static-shape step, which is off by default on "
+                         f"{device.type}: add longspec_static_shapes=True (compiling on a CPU takes tens of seconds) "
+                         "or drop longspec_compile")
+    static_shapes = device.type == "cuda" if static_shapes is None else static_shapes
+    return static_shapes, (static_shapes and device.type == "cuda") if compile is None else compile
 
 
 def _static_engine(target, draft, widths, capacity: int, compile: bool = False) -> StaticTreeStep:

@@ -146,7 +146,9 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         name = path.name.removesuffix(".json")
         path = RECIPE_DIR / f"{name}.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no recipe {str(name_or_path)!r}: give a .json file or one of {list_recipes()}")
+        what = "file not found" if str(name_or_path).endswith(".json") else "not a shipped recipe"
+        raise FileNotFoundError(f"no recipe {str(name_or_path)!r} ({what}): give an existing .json file or one of "
+                                f"{list_recipes()}")
     raw = json.loads(path.read_text())
     unknown = sorted(set(raw) - {"description", "training_arguments", "data", "draft"})
     if unknown:
