@@ -67,12 +67,12 @@ class Method:
         generate_kwargs: (models, temperature or None) → extra `generate` kwargs (do_sample, assistant_model, ...).
         requires: "draft" or "assistant" when the method needs that model, else None.
         attn_implementation: switch the target's attention for this method ("eager", ...), restored afterwards.
-        static_cache: a compiled static-cache method: warm-up as below, target forwards not counted, static cache
-            sized to each prompt.
+        static_cache: a compiled static-cache method: target forwards not counted, static cache sized to each
+            prompt.
         warm_up: one untimed generate of the full length per prompt before the timed calls (its wall seconds are
             reported as compile_s): compiled code, CUDA graphs and buffers for that prompt's lengths are ready, as
-            in a server that has seen such a request (static-cache methods always warm up; LongSpec does too:
-            its static-shape step captures a graph pair per 512-token bucket of the committed length).
+            in a server that has seen such a request (the static-cache baseline compiles then; LongSpec's
+            static-shape step captures a graph pair per 512-token bucket of the committed length).
         sampling: runs once per `BenchConfig.temperatures` entry, seeded; outputs are not compared with `sdpa`.
         baseline: other methods report their speed-up over this one (at the same temperature).
     """
@@ -95,7 +95,7 @@ METHODS: dict[str, Method] = {
     "sdpa": Method(lambda m, t: {"do_sample": False}, baseline=True),
     "eager": Method(lambda m, t: {"do_sample": False}, attn_implementation="eager", baseline=True),
     "static_compile": Method(lambda m, t: {"do_sample": False, "cache_implementation": "static"},
-                             static_cache=True, baseline=True),
+                             static_cache=True, warm_up=True, baseline=True),
     "assisted": Method(lambda m, t: {"do_sample": False, "assistant_model": m.assistant}, requires="assistant",
                        baseline=True),
     "prompt_lookup": Method(lambda m, t: {"do_sample": False, "prompt_lookup_num_tokens": 10}, baseline=True),
@@ -401,7 +401,7 @@ def _fill_longspec_stats(row: BenchRow, stats) -> None:
 def _timed_runs(models: BenchModels, prompt: Prompt, run: _Run, config: BenchConfig, row: BenchRow) -> torch.Tensor:
     """Warm-up (static cache), T(1), then T(N) with memory and forward counting; fills `row`, returns the output."""
     kwargs = run.method.generate_kwargs(models, run.temperature)
-    if run.method.static_cache or run.method.warm_up:
+    if run.method.warm_up:
         _, row.compile_s = _generate(models, prompt, run, kwargs, config.max_new_tokens, config.seed)
     _, row.prefill_s = _generate(models, prompt, run, kwargs, 1, config.seed)
     cuda = prompt.ids.is_cuda

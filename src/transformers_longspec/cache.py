@@ -82,12 +82,18 @@ class LongSpecCacheLayer(CacheLayerMixin):
         """(batch, n_kv_heads, capacity, head_dim): the whole preallocated V buffer of this layer."""
         return self.storage.tensor[self.index, 1]
 
+    def rows(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V views `(batch, n_kv_heads, end, head_dim)` of the buffer's first `end` rows (tokens); with
+        `dynamic_length` set on the storage their length is marked dynamic, so code compiled over them serves every
+        length without recompiling."""
+        keys, values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        if self.storage.dynamic_length:
+            torch._dynamo.maybe_mark_dynamic(keys, 2)
+            torch._dynamo.maybe_mark_dynamic(values, 2)
+        return keys, values
+
     def _refresh_views(self) -> None:
-        self.keys = self.key_buffer[:, :, : self.length]
-        self.values = self.value_buffer[:, :, : self.length]
-        if self.storage.dynamic_length:  # compiled layers read these: one graph for every length, no recompiles
-            torch._dynamo.maybe_mark_dynamic(self.keys, 2)
-            torch._dynamo.maybe_mark_dynamic(self.values, 2)
+        self.keys, self.values = self.rows(self.length)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Append `(batch, n_kv_heads, q_len, head_dim)` K/V after the current length; return the full views."""

@@ -6,8 +6,8 @@ What we patch or register (idempotently, by `install()`, which `import transform
   every other assistant runs the original, unchanged.
 * `GenerationMixin._extract_generation_mode_kwargs` (private): with a LongSpec assistant, per-call
   `longspec_*` kwargs of `generate` (e.g. `longspec_beam_widths=[4, 8, 8]`) reach the decode loop instead of
-  being rejected as unused model kwargs; the same options set on the `GenerationConfig` apply when the call does
-  not give them.
+  being rejected as unused model kwargs (the same options set on the `GenerationConfig` are read by the decode
+  loop when the call does not give them).
 * `GenerationConfig.get_generation_mode` (public method, wrapped): beam search with a LongSpec assistant
   raises instead of silently ignoring the assistant (stock behaviour is a warning).
 * `AttentionInterface` / `AttentionMaskInterface` (public registries): the "longspec" attention.
@@ -111,17 +111,9 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
             raise ValueError("a LongSpec draft shares the target's tokenizer; do not pass assistant_tokenizer")
     options = {name: model_kwargs.pop(f"longspec_{name}") for name in LONGSPEC_OPTIONS
                if f"longspec_{name}" in model_kwargs}
-    known = ", ".join(f"longspec_{name}" for name in LONGSPEC_OPTIONS)
     unknown = sorted(k for k in model_kwargs if k.startswith("longspec_"))
     if unknown:
-        raise ValueError(f"unknown LongSpec option(s) {unknown}; the per-call options are {known}")
-    unknown = sorted(k for k in vars(generation_config) if k.startswith("longspec_")
-                     and k.removeprefix("longspec_") not in LONGSPEC_OPTIONS)
-    if unknown:
-        raise ValueError(f"unknown LongSpec option(s) {unknown} in generation_config; the options are {known}")
-    for name in LONGSPEC_OPTIONS:  # GenerationConfig(longspec_<name>=...) applies when the call does not say
-        if name not in options and getattr(generation_config, f"longspec_{name}", None) is not None:
-            options[name] = getattr(generation_config, f"longspec_{name}")
+        raise ValueError(f"unknown LongSpec option(s) {unknown}; the per-call options are {_known_options()}")
     with _finite_prefill_logits(self):
         return longspec_tree_decode(self, assistant_model, input_ids, logits_processor, stopping_criteria,
                                     generation_config, streamer=streamer, **options, **model_kwargs)
@@ -253,7 +245,8 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
     """Raise ValueError, before any work, for a `generate` call LongSpec cannot honour exactly.
 
     Checks: batch size 1; a non-empty integer prompt without padding whose ids fit the target's embedding (one host
-    sync); use_cache; no user cache; no attention/hidden-state outputs; no prompt-lookup decoding; the draft attached
+    sync); use_cache; no user cache; no attention/hidden-state outputs; no unknown `longspec_*` option on the
+    generation config; no prompt-lookup decoding; the draft attached
     to THIS target with the same device and dtype as the target and the prompt; the context length.
     Raises: ValueError naming the problem and the fix.
     Reference: transformers `GenerationMixin._assisted_decoding` (same limits) and LongSpec §3.
@@ -269,6 +262,11 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
         )
     if generation_config.output_attentions or generation_config.output_hidden_states:
         raise ValueError("output_attentions / output_hidden_states are not available with LongSpec decoding")
+    unknown = sorted(k for k in vars(generation_config) if k.startswith("longspec_")
+                     and k.removeprefix("longspec_") not in LONGSPEC_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown LongSpec option(s) {unknown} in generation_config; the options are "
+                         f"{_known_options()}")
     if generation_config.prompt_lookup_num_tokens is not None:
         raise ValueError(
             "prompt_lookup_num_tokens selects prompt-lookup decoding, which a LongSpec assistant replaces; drop one"
@@ -295,6 +293,10 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
             f"prompt + max_new_tokens (max_length) = {generation_config.max_length} tokens exceeds the target's "
             f"context of {limit} tokens; shorten the prompt or lower max_new_tokens"
         )
+
+
+def _known_options() -> str:
+    return ", ".join(f"longspec_{name}" for name in LONGSPEC_OPTIONS)
 
 
 def _check_prompt(target, input_ids, model_kwargs) -> None:

@@ -180,7 +180,7 @@ def longspec_tree_decode(
     compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs)
     widths = resolve_beam_widths(draft, generation_config, beam_widths)
     device = input_ids.device
-    static_shapes, compile = _resolve_static_options(static_shapes, compile, device)
+    static_shapes, compile = _resolve_static_options(static_shapes, compile, generation_config, device)
     stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths)
     draft.last_generation_stats = stats
     timer = _Timer(device)
@@ -229,10 +229,15 @@ def longspec_tree_decode(
     return output.result(None if static_shapes else cache)
 
 
-def _resolve_static_options(static_shapes, compile, device: torch.device) -> tuple[bool, bool]:
-    """(static_shapes, compile) for this call from the `longspec_static_shapes` / `longspec_compile` options (None =
-    the default: both on CUDA, both off elsewhere). Raises ValueError for a non-bool value or compile without static
-    shapes, naming the fix."""
+def _resolve_static_options(static_shapes, compile, generation_config: GenerationConfig,
+                            device: torch.device) -> tuple[bool, bool]:
+    """(static_shapes, compile) for this call: the `longspec_static_shapes` / `longspec_compile` options of the call,
+    else of `generation_config`, else the default (both on CUDA, both off elsewhere). Raises ValueError for a
+    non-bool value or compile without static shapes, naming the fix."""
+    if static_shapes is None:
+        static_shapes = getattr(generation_config, "longspec_static_shapes", None)
+    if compile is None:
+        compile = getattr(generation_config, "longspec_compile", None)
     for name, value in (("static_shapes", static_shapes), ("compile", compile)):
         if value is not None and not isinstance(value, bool):
             raise ValueError(f"longspec_{name} must be True, False or None (the default), got {value!r}")

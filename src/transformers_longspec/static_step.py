@@ -217,12 +217,7 @@ class StaticTreeStep:
         draft, c = self.draft_ref(), self.committed
         positions = (c + self._refresh).clamp(min=0)  # the last depth + 1 committed positions (idempotent)
         self.ring.store_tokens(draft, self.tokens[positions], positions)
-        last = self.cache.layers[-1]
-        end = bucket + TAIL
-        keys, values = last.key_buffer[:, :, :end], last.value_buffer[:, :, :end]
-        if self.compile:  # the compiled draft step serves every bucket
-            torch._dynamo.maybe_mark_dynamic(keys, 2)
-            torch._dynamo.maybe_mark_dynamic(values, 2)
+        keys, values = self.cache.layers[-1].rows(bucket + TAIL)  # marked dynamic when compiling: every bucket
         return grow_tree(draft, self.ring, self.tokens[c.view(1)], c, keys, values, self.beam_widths,
                          target_tail_mask=self._tail < c - bucket)
 
