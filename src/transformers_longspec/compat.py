@@ -40,7 +40,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTENTION_NAME = "longspec"
 # per-call `generate(longspec_<name>=...)` options, passed to `longspec_tree_decode(<name>=...)`
-LONGSPEC_OPTIONS = ("beam_widths", "static_shapes", "compile")
+LONGSPEC_OPTIONS = ("beam_widths", "static_shapes", "compile", "retrieval")
 MODEL_TYPE = "longspec_draft"
 MIN_TRANSFORMERS = version.parse("5.17.0")
 _ORIGINALS: dict[str, object] = {}

@@ -23,6 +23,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from . import compat
 from .cache import DraftRingCache, LongSpecCache
 from .configuration import validate_beam_widths
+from .retrieval import DEFAULT_RETRIEVAL_TOKENS, add_retrieval_branch, longest_match_continuation, \
+    validate_retrieval_tokens
 from .static_step import StaticTreeStep, StepClock
 from .tree import DraftTree, grow_tree
 from .verification import accept, choose_next_tokens, process_tree_logits, verify_tree
@@ -37,7 +39,8 @@ class LongSpecStats:
         target_forwards: target forward passes, the prefill included.
         accepted_lengths: tokens emitted by each verification step (accepted drafts + bonus), in order.
         prefill_s, draft_s, verify_s, total_s: wall-clock seconds (CUDA synchronised at phase boundaries).
-        beam_widths: the tree shape used.
+        beam_widths: the tree shape used. retrieval_tokens: length of the retrieval branch (0: none).
+        retrieval_accepted: drafted tokens accepted from the retrieval branch (the rest came from the draft's beams).
         draft_cache_bytes: bytes held by the draft's own cache (ring buffer + tree), constant in the context.
     """
 
@@ -50,6 +53,8 @@ class LongSpecStats:
     verify_s: float = 0.0
     total_s: float = 0.0
     beam_widths: tuple[int, ...] = ()
+    retrieval_tokens: int = 0
+    retrieval_accepted: int = 0
     draft_cache_bytes: int = 0
 
     @property
@@ -92,12 +97,14 @@ class LongSpecCandidateGenerator(CandidateGenerator):
         draft: an attached `LongSpecDraft`.
         target_cache: the target's `LongSpecCache` (its last layer feeds the draft's cross-attention).
         beam_widths: tree shape, beam width per depth.
+        retrieval_tokens: length of the retrieval branch added to every tree (`retrieval.py`; 0: none).
 
-    Reference: transformers `CandidateGenerator`; LongSpec §3.1, §3.3.
+    Reference: transformers `CandidateGenerator`; LongSpec §3.1, §3.3; prompt lookup decoding.
     """
 
-    def __init__(self, draft, target_cache: LongSpecCache, beam_widths: tuple[int, ...]):
+    def __init__(self, draft, target_cache: LongSpecCache, beam_widths: tuple[int, ...], retrieval_tokens: int = 0):
         self.draft, self.target_cache, self.beam_widths = draft, target_cache, beam_widths
+        self.retrieval_tokens = retrieval_tokens
         param = next(draft.parameters())
         c = draft.config
         self.ring = DraftRingCache(c.sliding_window, 1 + sum(beam_widths), c.num_key_value_heads, c.head_dim,
@@ -110,13 +117,17 @@ class LongSpecCandidateGenerator(CandidateGenerator):
         if self.target_cache.get_seq_length() != root_position:
             raise RuntimeError("the target cache must hold exactly the tokens before the root")  # internal invariant
         start = max(self._ring_end, root_position - self.ring.window)
-        if start < root_position:
+        if start < root_position and self.beam_widths:
             positions = torch.arange(start, root_position, device=input_ids.device)
             self.ring.store_tokens(self.draft, input_ids[0, start:root_position], positions)
         self._ring_end = root_position
         last = self.target_cache.layers[-1]
-        return grow_tree(self.draft, self.ring, input_ids[0, -1:], root_position, last.keys, last.values,
+        tree = grow_tree(self.draft, self.ring, input_ids[0, -1:], root_position, last.keys, last.values,
                          self.beam_widths)
+        if self.retrieval_tokens:
+            chain = longest_match_continuation(input_ids[0], root_position, self.retrieval_tokens)
+            tree = add_retrieval_branch(tree, *chain)
+        return tree
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, None]:
         """CandidateGenerator API: `input_ids` followed by the flattened tree's drafted tokens (not a chain!).
@@ -143,6 +154,13 @@ def resolve_beam_widths(draft, generation_config: GenerationConfig, override=Non
     return widths
 
 
+def resolve_retrieval(generation_config: GenerationConfig, override=None) -> int:
+    """Retrieval branch length for this call: `generate(longspec_retrieval=...)` > `generation_config.longspec_retrieval`
+    > `retrieval.DEFAULT_RETRIEVAL_TOKENS`. Raises ValueError for a value that is not an int in [0, 64]."""
+    value = override if override is not None else getattr(generation_config, "longspec_retrieval", None)
+    return validate_retrieval_tokens(DEFAULT_RETRIEVAL_TOKENS if value is None else value)
+
+
 def longspec_tree_decode(
     target,
     draft,
@@ -154,6 +172,7 @@ def longspec_tree_decode(
     beam_widths=None,
     static_shapes=None,
     compile=None,
+    retrieval=None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Lossless LongSpec tree decoding for batch size 1 (called by the patched `generate`).
@@ -171,7 +190,11 @@ def longspec_tree_decode(
         compile: `generate(longspec_compile=...)`: True runs the draft step and the target's decoder layers as
             `torch.compile` regions inside the static-shape step (fused kernels; compiled on the first call, tens of
             seconds on a GPU, then reused); None (default) means True with static shapes on CUDA, False elsewhere.
-            All three options may also be set on the `GenerationConfig` (`longspec_compile=...`); the call wins.
+        retrieval: `generate(longspec_retrieval=...)`: tokens in the retrieval branch that every tree carries beside
+            the draft's beams (the continuation of the longest earlier match of the latest tokens, `retrieval.py`);
+            0 turns it off; None (default) means `retrieval.DEFAULT_RETRIEVAL_TOKENS`. With
+            `longspec_beam_widths=[]` the draft is never run: retrieval alone (exact prompt lookup).
+            All four options may also be set on the `GenerationConfig` (`longspec_compile=...`); the call wins.
         **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
     Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
     Raises: ValueError for what cannot be honoured (see `compat.check_generate_call`).
@@ -179,19 +202,20 @@ def longspec_tree_decode(
     """
     compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs)
     widths = resolve_beam_widths(draft, generation_config, beam_widths)
+    n_retrieval = resolve_retrieval(generation_config, retrieval)
     device = input_ids.device
     static_shapes, compile = _resolve_static_options(static_shapes, compile, generation_config, device)
-    stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths)
+    stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths, retrieval_tokens=n_retrieval)
     draft.last_generation_stats = stats
     timer = _Timer(device)
     start = timer.now()
-    capacity = generation_config.max_length + 1 + sum(widths)
+    capacity = generation_config.max_length + 1 + sum(widths) + n_retrieval
     if static_shapes:
-        engine = _static_engine(target, draft, widths, capacity, compile)
+        engine = _static_engine(target, draft, widths, n_retrieval, capacity, compile)
         cache = engine.start(input_ids)
     else:
         cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, capacity)
-        generator = LongSpecCandidateGenerator(draft, cache, widths)
+        generator = LongSpecCandidateGenerator(draft, cache, widths, n_retrieval)
     logits = target(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
     logits = logits.float()
     scores = logits_processor(input_ids, logits.clone()) if logits_processor else logits
@@ -200,6 +224,8 @@ def longspec_tree_decode(
     output = _Output(input_ids, generation_config, stopping_criteria, streamer)
     done = output.extend(new_tokens, logits, scores)
     stats.draft_cache_bytes = (engine if static_shapes else generator).ring.nbytes()
+    draft_size = 1 + sum(widths)  # tree nodes at or past this index are the retrieval branch's
+    from_retrieval = torch.zeros((), dtype=torch.long, device=device)  # summed on the device: no extra sync
     with compat.tree_attention(target):
         while not done:
             committed = output.sequences.shape[1] - 1  # the root, the last emitted token, is not in the cache yet
@@ -221,10 +247,12 @@ def longspec_tree_decode(
             stats.draft_s, stats.verify_s = stats.draft_s + draft_s, stats.verify_s + verify_s
             stats.target_forwards += 1
             stats.accepted_lengths.append(accepted.new_tokens.numel())
+            from_retrieval += (accepted.path >= draft_size).sum()
             done = output.extend(accepted.new_tokens, logits[accepted.path], scores[accepted.path])
     if streamer is not None:
         streamer.end()
     stats.new_tokens = output.sequences.shape[1] - stats.prompt_tokens
+    stats.retrieval_accepted = int(from_retrieval)
     stats.total_s = timer.now() - start
     return output.result(None if static_shapes else cache)
 
@@ -252,14 +280,16 @@ def _resolve_static_options(static_shapes, compile, generation_config: Generatio
     return static_shapes, (static_shapes and device.type == "cuda") if compile is None else compile
 
 
-def _static_engine(target, draft, widths, capacity: int, compile: bool = False) -> StaticTreeStep:
+def _static_engine(target, draft, widths, retrieval_tokens: int, capacity: int, compile: bool = False
+                   ) -> StaticTreeStep:
     """The draft's `StaticTreeStep` for this call, reused when it fits (same models, tree, compile flag, enough
     capacity)."""
     engine = draft.__dict__.get("_static_step")
-    if engine is None or not engine.fits(target, draft, widths, capacity, compile):
+    if engine is None or not engine.fits(target, draft, widths, capacity, compile, retrieval_tokens):
         draft.__dict__.pop("_static_step", None)  # free the old buffers before allocating new ones
         on_cuda = next(target.parameters()).device.type == "cuda"
-        engine = StaticTreeStep(target, draft, widths, capacity, cuda_graphs=on_cuda, compile=compile)
+        engine = StaticTreeStep(target, draft, widths, capacity, cuda_graphs=on_cuda, compile=compile,
+                                retrieval_tokens=retrieval_tokens)
         draft.__dict__["_static_step"] = engine
     return engine
 
@@ -345,4 +375,5 @@ def _host_stop_rule(stopping_criteria):
     return rule
 
 
-__all__ = ["longspec_tree_decode", "LongSpecCandidateGenerator", "LongSpecStats", "resolve_beam_widths"]
+__all__ = ["longspec_tree_decode", "LongSpecCandidateGenerator", "LongSpecStats", "resolve_beam_widths",
+           "resolve_retrieval"]

@@ -45,7 +45,8 @@ import torch._dynamo
 
 from . import compat
 from .cache import DraftRingCache, LongSpecCache, _round_up
-from .tree import DraftTree, grow_tree, tree_layout
+from .retrieval import add_retrieval_branch, longest_match_continuation
+from .tree import DraftTree, grow_tree
 
 TAIL = 512  # tokens per bucket of the committed length; a new graph pair is captured per bucket
 MAX_GRAPHS = 64  # graph pairs kept per engine (least recently used evicted): ~21 MB of logits each for a 150k vocab
@@ -65,6 +66,8 @@ class StaticTreeStep:
             captured graphs.
         cuda_graphs: capture and replay CUDA graphs (CUDA only); False runs the same static-shape code eagerly.
         compile: run the draft step and the target's decoder layers as `torch.compile` regions (module docstring).
+        retrieval_tokens: length of the retrieval branch every tree carries (`retrieval.py`; 0: none); the lookup
+            runs inside the draft graph over the token buffer.
 
     Buffers (all on the target's device): the target cache (`LongSpecCache`, capacity rows), the draft's ring
     cache, the sequence's tokens `(capacity,)` int64, and the committed length `(,)` int64.
@@ -74,7 +77,7 @@ class StaticTreeStep:
     """
 
     def __init__(self, target, draft, beam_widths: tuple[int, ...], capacity: int, cuda_graphs: bool,
-                 compile: bool = False):
+                 compile: bool = False, retrieval_tokens: int = 0):
         device = next(target.parameters()).device
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA target, got one on {device}; use longspec_static_shapes=False "
@@ -82,15 +85,15 @@ class StaticTreeStep:
         self.target_ref, self.draft_ref = weakref.ref(target), weakref.ref(draft)
         self._weights = _weight_storage(target, draft)  # graphs read these buffers: new weights need new graphs
         self.beam_widths, self.cuda_graphs, self.device = tuple(beam_widths), cuda_graphs, device
-        self.tree_size, self.depth = 1 + sum(beam_widths), len(beam_widths)
-        self.depths = tree_layout(beam_widths)[0].to(device)
+        self.retrieval_tokens = retrieval_tokens
+        self.tree_size, self.depth = 1 + sum(beam_widths) + retrieval_tokens, len(beam_widths)
         self.capacity = _round_up(capacity + TAIL + self.tree_size, CAPACITY_STEP)
         self.cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, self.capacity)
         self.cache.storage.dynamic_length = compile
         param = next(draft.parameters())
         c = draft.config
-        self.ring = DraftRingCache(c.sliding_window, self.tree_size, c.num_key_value_heads, c.head_dim, param.dtype,
-                                   device)
+        self.ring = DraftRingCache(c.sliding_window, 1 + sum(beam_widths), c.num_key_value_heads, c.head_dim,
+                                   param.dtype, device)
         self.tokens = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.committed = torch.zeros((), dtype=torch.long, device=device)
         self._refresh = torch.arange(-(self.depth + 1), 0, device=device)
@@ -101,10 +104,12 @@ class StaticTreeStep:
         self.compile = compile
         self._compiled = _compile_regions(target, draft) if compile else {}
 
-    def fits(self, target, draft, beam_widths, capacity: int, compile: bool = False) -> bool:
-        """True if this engine serves a call with these models, tree shape, capacity (tokens) and compile flag."""
+    def fits(self, target, draft, beam_widths, capacity: int, compile: bool = False, retrieval_tokens: int = 0
+             ) -> bool:
+        """True if this engine serves a call with these models, tree shape, retrieval branch, capacity (tokens) and
+        compile flag."""
         return (self.target_ref() is target and self.draft_ref() is draft and self.beam_widths == tuple(beam_widths)
-                and self.compile == compile
+                and self.compile == compile and self.retrieval_tokens == retrieval_tokens
                 and capacity + TAIL + self.tree_size <= self.capacity
                 and _weight_storage(target, draft) == self._weights)
 
@@ -215,11 +220,15 @@ class StaticTreeStep:
     def _draft(self, bucket: int) -> DraftTree:
         """Static-shape tree growth for committed lengths in [bucket, bucket + TAIL) (reads `self.committed`)."""
         draft, c = self.draft_ref(), self.committed
-        positions = (c + self._refresh).clamp(min=0)  # the last depth + 1 committed positions (idempotent)
-        self.ring.store_tokens(draft, self.tokens[positions], positions)
+        if self.depth:  # retrieval alone never runs the draft
+            positions = (c + self._refresh).clamp(min=0)  # the last depth + 1 committed positions (idempotent)
+            self.ring.store_tokens(draft, self.tokens[positions], positions)
         keys, values = self.cache.layers[-1].rows(bucket + TAIL)  # marked dynamic when compiling: every bucket
-        return grow_tree(draft, self.ring, self.tokens[c.view(1)], c, keys, values, self.beam_widths,
+        tree = grow_tree(draft, self.ring, self.tokens[c.view(1)], c, keys, values, self.beam_widths,
                          target_tail_mask=self._tail < c - bucket)
+        if self.retrieval_tokens:
+            tree = add_retrieval_branch(tree, *longest_match_continuation(self.tokens, c, self.retrieval_tokens))
+        return tree
 
     def _verify(self, bucket: int, tree: DraftTree) -> torch.Tensor:
         """Static-shape verification forward; the tree's K/V land at rows bucket + TAIL ... (see module docstring)."""
@@ -228,7 +237,7 @@ class StaticTreeStep:
         self.cache.set_length(bucket + TAIL)
         out = self.target_ref()(
             input_ids=tree.tokens[None],
-            position_ids=(c + self.depths)[None],
+            position_ids=(c + tree.depths)[None],
             attention_mask=mask[None, None],
             past_key_values=self.cache,
             use_cache=True,

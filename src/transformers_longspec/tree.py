@@ -31,6 +31,8 @@ class DraftTree:
         depths: (tree_size,) int64.
         ancestors: (tree_size, tree_size) bool, ancestor-or-self mask.
         scores: (tree_size,) fp32, cumulative draft log-probability of the path to each node (root 0).
+        alive: (tree_size,) bool or None (= all): nodes that may be accepted. A retrieval chain's nodes that a draft
+            path already carries are dead (`retrieval.add_retrieval_branch`); they are verified but never accepted.
     """
 
     tokens: torch.Tensor
@@ -38,6 +40,7 @@ class DraftTree:
     depths: torch.Tensor
     ancestors: torch.Tensor
     scores: torch.Tensor
+    alive: torch.Tensor | None = None
 
     @property
     def size(self) -> int:

@@ -110,6 +110,8 @@ def deepest_accepted(tree: DraftTree, next_tokens: torch.Tensor) -> torch.Tensor
     """
     parent_choice = next_tokens[..., tree.parents.clamp(min=0)]
     matches = tree.tokens == parent_choice
+    if tree.alive is not None:
+        matches &= tree.alive
     matches[..., 0] = True
     # a node is on a good path iff none of its ancestors (itself included) mismatches
     bad = (~matches).to(torch.float32) @ tree.ancestors.T.to(torch.float32)
