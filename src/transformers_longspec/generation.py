@@ -27,7 +27,7 @@ from .retrieval import DEFAULT_RETRIEVAL_TOKENS, add_retrieval_branch, longest_m
     validate_retrieval_tokens
 from .static_step import StaticTreeStep, StepClock
 from .tree import DraftTree, grow_tree
-from .verification import accept, choose_next_tokens, process_tree_logits, verify_tree
+from .verification import Acceptance, accept, choose_next_tokens, process_tree_logits, verify_tree
 
 
 @dataclass
@@ -226,35 +226,66 @@ def longspec_tree_decode(
     stats.draft_cache_bytes = (engine if static_shapes else generator).ring.nbytes()
     draft_size = 1 + sum(widths)  # tree nodes at or past this index are the retrieval branch's
     from_retrieval = torch.zeros((), dtype=torch.long, device=device)  # summed on the device: no extra sync
+    # greedy without processors or returned scores: acceptance and compaction run inside the step's graphs
+    on_device = static_shapes and output.host_stop is not None and not (
+        generation_config.do_sample or logits_processor or output.keeps_scores)
     with compat.tree_attention(target):
         while not done:
             committed = output.sequences.shape[1] - 1  # the root, the last emitted token, is not in the cache yet
-            if static_shapes:
+            if on_device:
                 engine.record(output.sequences)
-                tree, logits, clock = engine.draft_and_verify(committed)
-                tree_start = engine.tree_start(committed)
-            else:
-                clock = StepClock(device)
-                tree = generator.draft_tree(output.sequences)
+                _, packed, clock = engine.draft_and_verify(committed, accept_greedy=True)
                 clock.mark()
-                logits, tree_start = verify_tree(target, tree, cache), None
-            logits = logits.float()
-            clock.mark()
-            scores = process_tree_logits(logits, tree, output.sequences, logits_processor)
-            accepted = accept(tree, choose_next_tokens(scores, generation_config.do_sample))
-            cache.commit_path(committed, accepted.path, tree_start)
+                n, step_tokens, path = _unpack_acceptance(packed)  # the step's one read-back
+                cache.set_length(committed + n)
+                accepted, logits, scores = Acceptance(path, packed[1 : 1 + n]), None, None
+            else:
+                tree, logits, clock, tree_start = _draft_and_verify(target, engine if static_shapes else generator,
+                                                                    cache, output.sequences, committed)
+                scores = process_tree_logits(logits, tree, output.sequences, logits_processor)
+                accepted = accept(tree, choose_next_tokens(scores, generation_config.do_sample))
+                cache.commit_path(committed, accepted.path, tree_start)
+                step_tokens = None
             draft_s, verify_s = clock.seconds()
             stats.draft_s, stats.verify_s = stats.draft_s + draft_s, stats.verify_s + verify_s
             stats.target_forwards += 1
             stats.accepted_lengths.append(accepted.new_tokens.numel())
             from_retrieval += (accepted.path >= draft_size).sum()
-            done = output.extend(accepted.new_tokens, logits[accepted.path], scores[accepted.path])
+            kept = (logits[accepted.path], scores[accepted.path]) if logits is not None else (None, None)
+            done = output.extend(accepted.new_tokens, *kept, token_list=step_tokens)
     if streamer is not None:
         streamer.end()
     stats.new_tokens = output.sequences.shape[1] - stats.prompt_tokens
     stats.retrieval_accepted = int(from_retrieval)
     stats.total_s = timer.now() - start
     return output.result(None if static_shapes else cache)
+
+
+def _draft_and_verify(target, drafter, cache: LongSpecCache, sequences: torch.Tensor, committed: int):
+    """One tree and its verification, with static shapes (`drafter` a `StaticTreeStep`) or eagerly (a
+    `LongSpecCandidateGenerator`). Returns (tree, fp32 logits (tree_size, vocab), clock, cache row of tree node 0 or
+    None for "right after the committed rows")."""
+    if isinstance(drafter, StaticTreeStep):
+        drafter.record(sequences)
+        tree, logits, clock = drafter.draft_and_verify(committed)
+        tree_start = drafter.tree_start(committed)
+    else:
+        clock = StepClock(sequences.device)
+        tree = drafter.draft_tree(sequences)
+        clock.mark()
+        logits, tree_start = verify_tree(target, tree, cache), None
+    logits = logits.float()
+    clock.mark()
+    return tree, logits, clock, tree_start
+
+
+def _unpack_acceptance(packed: torch.Tensor) -> tuple[int, list[int], torch.Tensor]:
+    """(n, the n emitted tokens as a list, accepted tree indices (n,) on the device) from `StaticTreeStep`'s packed
+    acceptance; one device-to-host copy."""
+    values = packed.tolist()
+    slots = (len(values) - 1) // 2
+    n = values[0]
+    return n, values[1 : 1 + n], packed[1 + slots : 1 + slots + n]
 
 
 def _resolve_static_options(static_shapes, compile, generation_config: GenerationConfig,
@@ -310,14 +341,17 @@ class _Output:
         keep = generation_config.return_dict_in_generate
         self.scores = [] if keep and generation_config.output_scores else None
         self.logits = [] if keep and generation_config.output_logits else None
+        self.keeps_scores = self.scores is not None or self.logits is not None
 
-    def extend(self, tokens, logits, scores) -> bool:
+    def extend(self, tokens, logits, scores, token_list: list[int] | None = None) -> bool:
         """Append `tokens` (n,) int64, up to and including the first token that meets a stopping criterion.
 
-        `logits`/`scores` (n, vocab): the raw / processed target scores that chose each token.
+        `logits`/`scores` (n, vocab): the raw / processed target scores that chose each token (None when neither is
+        kept nor checked: host-checkable stopping criteria). `token_list`: the tokens already read back, if they were.
         Returns: True when generation is finished.
         """
-        token_list = tokens.tolist()  # the step's one read-back of emitted tokens
+        if token_list is None:
+            token_list = tokens.tolist()  # the step's one read-back of emitted tokens
         if self.host_stop is not None:
             keep, done = self.host_stop(self.sequences.shape[1], token_list)
         else:

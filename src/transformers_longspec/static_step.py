@@ -47,6 +47,7 @@ from . import compat
 from .cache import DraftRingCache, LongSpecCache, _round_up
 from .retrieval import add_retrieval_branch, longest_match_continuation
 from .tree import DraftTree, grow_tree
+from .verification import deepest_accepted
 
 TAIL = 512  # tokens per bucket of the committed length; a new graph pair is captured per bucket
 MAX_GRAPHS = 64  # graph pairs kept per engine (least recently used evicted): ~21 MB of logits each for a 150k vocab
@@ -97,8 +98,9 @@ class StaticTreeStep:
         self.tokens = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.committed = torch.zeros((), dtype=torch.long, device=device)
         self._refresh = torch.arange(-(self.depth + 1), 0, device=device)
+        self._path_slots = torch.arange(max(self.depth, retrieval_tokens) + 1, device=device)  # root + deepest path
         self._tail = torch.arange(TAIL, device=device)
-        self._graphs: OrderedDict[int, tuple] = OrderedDict()
+        self._graphs: OrderedDict[tuple[int, bool], tuple] = OrderedDict()
         self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self._stream = torch.cuda.Stream(device) if cuda_graphs else None
         self.compile = compile
@@ -131,13 +133,17 @@ class StaticTreeStep:
         return committed // TAIL * TAIL + TAIL
 
     # ------------------------------------------------------------------ the step
-    def draft_and_verify(self, committed: int) -> tuple[DraftTree, torch.Tensor, StepClock]:
+    def draft_and_verify(self, committed: int, accept_greedy: bool = False
+                         ) -> tuple[DraftTree, torch.Tensor, StepClock]:
         """Grow the tree rooted at sequence position `committed` and verify it with the target.
 
         Args:
             committed: C, tokens whose K/V are committed in the target cache (the root is token C).
-        Returns: (tree, logits (tree_size, vocab) in the target's dtype — static buffers, valid until the next
-            call — and the CUDA events / times bracketing the draft and verification phases).
+            accept_greedy: also run greedy acceptance and the compaction of the accepted path inside the verification
+                graph (`_accept_greedy`; for greedy calls without logits processors or returned scores).
+        Returns: (tree, out, clock). `out` is the logits (tree_size, vocab) in the target's dtype, or with
+            `accept_greedy` the packed acceptance (see `_accept_greedy`) — static buffers, valid until the next call;
+            `clock` holds the CUDA events / times bracketing the draft and verification phases.
         """
         if not self._ring_ready:  # once per call: the draft's ring takes the last window of the prompt
             self._fill_ring(committed)
@@ -145,25 +151,26 @@ class StaticTreeStep:
         bucket = committed // TAIL * TAIL
         events = StepClock(self.device)
         if not self.cuda_graphs:
-            tree, logits = self._eager_step(bucket, events)
-            return tree, logits, events
-        if bucket in self._graphs:
-            self._graphs.move_to_end(bucket)
-            draft_graph, verify_graph, tree, logits = self._graphs[bucket]
+            tree, out = self._eager_step(bucket, accept_greedy, events)
+            return tree, out, events
+        key = (bucket, accept_greedy)
+        if key in self._graphs:
+            self._graphs.move_to_end(key)
+            draft_graph, verify_graph, tree, out = self._graphs[key]
             draft_graph.replay()
             events.mark()
             verify_graph.replay()
-            return tree, logits, events
-        tree, logits = self._capture(bucket, events)
-        return tree, logits, events
+            return tree, out, events
+        tree, out = self._capture(bucket, accept_greedy, events)
+        return tree, out, events
 
-    def _capture(self, bucket: int, events: StepClock):
+    def _capture(self, bucket: int, accept_greedy: bool, events: StepClock):
         # The first step in a bucket runs eagerly on the capture stream (this also warms up cuBLAS and Triton for
         # it), then the same code is captured for the following steps. Its result is returned as is.
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            tree, logits = self._eager_step(bucket)
+            tree, out = self._eager_step(bucket, accept_greedy)
         torch.cuda.synchronize(self.device)
         events.mark()  # the eager first step of a bucket (and its capture) is reported as draft time
         while len(self._graphs) >= MAX_GRAPHS:
@@ -173,11 +180,14 @@ class StaticTreeStep:
             with torch.cuda.graph(draft_graph, pool=self._pool, stream=stream):
                 static_tree = self._draft(bucket)
             with torch.cuda.graph(verify_graph, pool=self._pool, stream=stream):
-                static_logits = self._verify(bucket, static_tree)
-        self._graphs[bucket] = (draft_graph, verify_graph, static_tree, static_logits)
-        return tree, logits
+                static_out = self._verify(bucket, static_tree)
+                if accept_greedy:
+                    static_out = self._accept_greedy(bucket, static_tree, static_out)
+        self._graphs[(bucket, accept_greedy)] = (draft_graph, verify_graph, static_tree, static_out)
+        return tree, out
 
-    def _eager_step(self, bucket: int, events: StepClock | None = None) -> tuple[DraftTree, torch.Tensor]:
+    def _eager_step(self, bucket: int, accept_greedy: bool = False, events: StepClock | None = None
+                    ) -> tuple[DraftTree, torch.Tensor]:
         """Draft + verification run eagerly (under the compiled regions, if any), marking `events` in between.
 
         If torch.compile fails on these models (an architecture or wrapper dynamo cannot trace), warn once and go on
@@ -189,7 +199,8 @@ class StaticTreeStep:
                 tree = self._draft(bucket)
                 if events is not None:
                     events.mark()
-                return tree, self._verify(bucket, tree)
+                logits = self._verify(bucket, tree)
+                return tree, self._accept_greedy(bucket, tree, logits) if accept_greedy else logits
         except torch._dynamo.exc.TorchDynamoException as err:
             if not self._compiled:
                 raise
@@ -200,7 +211,7 @@ class StaticTreeStep:
             self._compiled = {}
             if events is not None:
                 del events.points[1:]
-            return self._eager_step(bucket, events)
+            return self._eager_step(bucket, accept_greedy, events)
 
     def _compiled_regions(self):
         """Within the block the target's decoder layers and the draft's step are the compiled ones (if `compile`)."""
@@ -244,6 +255,33 @@ class StaticTreeStep:
             longspec_tree_mask=mask,
         )
         return out.logits[0]
+
+
+    def _accept_greedy(self, bucket: int, tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy acceptance and compaction of the accepted path, on the device (capturable: no host sync).
+
+        The target's choice after each node is the argmax of its logits (the bf16 → fp32 cast of the eager path is
+        exact, and both take the first index of a tie); the accepted path is `verification.deepest_accepted`'s. The
+        path's K/V rows move to the committed rows C, C + 1, ... of every layer, padded to `slots` = deepest path + 1
+        rows: the padding rows lie past the new committed length, where nothing reads them before they are rewritten.
+
+        Returns: (1 + 2 * slots,) int64 = [n, emitted tokens (n used: the accepted drafts, then the bonus), accepted
+            tree indices (n used, root first)].
+        Reference: LongSpec §3.3; `verification.accept` and `LongSpecCache.commit_path` (the eager twins).
+        """
+        choices = logits.argmax(dim=-1)
+        last = deepest_accepted(tree, choices)
+        slots = self._path_slots
+        depth_slot = torch.where(tree.ancestors[last], tree.depths, slots.numel())  # off-path nodes: a spare slot
+        path = torch.zeros(slots.numel() + 1, dtype=torch.long, device=self.device)
+        path = path.scatter(0, depth_slot, torch.arange(tree.size, device=self.device))[:-1]
+        n = tree.depths[last] + 1
+        drafted = tree.tokens[path[(slots + 1).clamp(max=slots.numel() - 1)]]
+        emitted = torch.where(slots < n - 1, drafted, choices[last])
+        buffer = self.cache.storage.tensor
+        rows = buffer.index_select(4, path + self.tree_start(bucket))  # gather first: sources and targets overlap
+        buffer.index_copy_(4, self.committed + slots, rows)
+        return torch.cat([n.view(1), emitted, path])
 
 
 def _compile_regions(target, draft) -> dict[type, tuple[str, object]]:
