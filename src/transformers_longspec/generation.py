@@ -27,6 +27,7 @@ from .retrieval import DEFAULT_RETRIEVAL_TOKENS, add_retrieval_branch, longest_m
     validate_retrieval_tokens
 from .static_step import StaticTreeStep, StepClock
 from .tree import DraftTree, grow_tree
+from .tree_policy import TreePolicy
 from .verification import Acceptance, accept, choose_next_tokens, process_tree_logits, verify_tree
 
 
@@ -141,11 +142,13 @@ class LongSpecCandidateGenerator(CandidateGenerator):
         """Nothing to adapt: the tree shape is fixed per call and the ring catches up in `draft_tree`."""
 
 
-def resolve_beam_widths(draft, generation_config: GenerationConfig, override=None) -> tuple[int, ...]:
-    """Tree shape for this call: `generate(longspec_beam_widths=...)` > `generation_config.longspec_beam_widths` >
-    the draft config's `beam_widths`. Raises ValueError for an invalid shape (see `validate_beam_widths`)."""
+def resolve_beam_widths(draft, generation_config: GenerationConfig, override=None) -> tuple[int, ...] | None:
+    """Tree shape for this call: `generate(longspec_beam_widths=...)` > `generation_config.longspec_beam_widths`, or
+    None when neither names one (the decode loop then asks `tree_policy.TreePolicy`, which chooses among shapes up to
+    the draft config's `beam_widths`). Raises ValueError for an invalid shape (see `validate_beam_widths`)."""
     widths = override if override is not None else getattr(generation_config, "longspec_beam_widths", None)
-    widths = draft.config.beam_widths if widths is None else widths
+    if widths is None:
+        return None
     widths = validate_beam_widths(widths, draft.config.vocab_size)
     if len(widths) >= draft.config.sliding_window:
         raise ValueError(
@@ -154,11 +157,26 @@ def resolve_beam_widths(draft, generation_config: GenerationConfig, override=Non
     return widths
 
 
-def resolve_retrieval(generation_config: GenerationConfig, override=None) -> int:
-    """Retrieval branch length for this call: `generate(longspec_retrieval=...)` > `generation_config.longspec_retrieval`
-    > `retrieval.DEFAULT_RETRIEVAL_TOKENS`. Raises ValueError for a value that is not an int in [0, 64]."""
+def resolve_retrieval(generation_config: GenerationConfig, override=None) -> int | None:
+    """Retrieval branch length for this call: `generate(longspec_retrieval=...)` > `generation_config.longspec_retrieval`,
+    or None when neither names one. Raises ValueError for a value that is not an int in [0, 64]."""
     value = override if override is not None else getattr(generation_config, "longspec_retrieval", None)
-    return validate_retrieval_tokens(DEFAULT_RETRIEVAL_TOKENS if value is None else value)
+    return None if value is None else validate_retrieval_tokens(value)
+
+
+def _default_tree(target, draft, widths, n_retrieval) -> tuple[tuple[int, ...], int, TreePolicy | None]:
+    """(beam_widths, retrieval_tokens, the policy that chose them or None): a named tree is used as named (retrieval
+    `DEFAULT_RETRIEVAL_TOKENS` unless named too); otherwise the draft's `tree_policy.TreePolicy` (kept on it, costs
+    measured on first use) picks the shape of highest predicted speed on this device, and the retrieval length too
+    when the call names none."""
+    if widths is not None:
+        return widths, DEFAULT_RETRIEVAL_TOKENS if n_retrieval is None else n_retrieval, None
+    largest = validate_beam_widths(draft.config.beam_widths, draft.config.vocab_size)
+    policy = draft.__dict__.get("_tree_policy")
+    if policy is None or policy.largest != largest:
+        policy = draft.__dict__["_tree_policy"] = TreePolicy(largest)
+    options = (0, DEFAULT_RETRIEVAL_TOKENS) if n_retrieval is None else (n_retrieval,)
+    return (*policy.choose(target, draft, options), policy)
 
 
 def longspec_tree_decode(
@@ -201,8 +219,9 @@ def longspec_tree_decode(
     Reference: LongSpec §3; transformers `GenerationMixin._assisted_decoding`.
     """
     compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs)
-    widths = resolve_beam_widths(draft, generation_config, beam_widths)
-    n_retrieval = resolve_retrieval(generation_config, retrieval)
+    widths, n_retrieval = resolve_beam_widths(draft, generation_config, beam_widths), resolve_retrieval(
+        generation_config, retrieval)
+    widths, n_retrieval, policy = _default_tree(target, draft, widths, n_retrieval)
     device = input_ids.device
     static_shapes, compile = _resolve_static_options(static_shapes, compile, generation_config, device)
     stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths, retrieval_tokens=n_retrieval)
@@ -257,6 +276,8 @@ def longspec_tree_decode(
         streamer.end()
     stats.new_tokens = output.sequences.shape[1] - stats.prompt_tokens
     stats.retrieval_accepted = int(from_retrieval)
+    if policy is not None:
+        policy.observe(widths, n_retrieval, stats.accepted_lengths, stats.retrieval_accepted)
     stats.total_s = timer.now() - start
     return output.result(None if static_shapes else cache)
 

@@ -1,0 +1,119 @@
+"""τ of several LongSpec configurations (tree shapes, retrieval on/off, retrieval alone) on the same prompts.
+
+For every prompt (datasets × length buckets × per-bucket rows) each configuration runs one greedy `generate` with
+the same draft; recorded per run: τ, the acceptance histogram, tokens accepted from the retrieval branch, decode
+tok/s of that call (prefill excluded via `LongSpecStats`), and whether the output equals the first configuration's
+(every configuration is lossless, so a difference can only be a bf16 near-tie). The chain configuration
+(`[1] * 6`, no retrieval) gives the draft's first-token acceptance rate: the share of steps emitting >= 2 tokens.
+Configurations run one after the other over all prompts (longest first), without compiled regions (τ does not
+depend on them), so each builds its static engine once; the decode tok/s recorded include graph captures.
+
+    python benchmarks/tau_matrix.py --target ~/qwen15 --draft ~/draft --datasets code_completion,summarization,heldout \
+        --buckets 8192,16384,30000 --per-bucket 2 --max-new-tokens 256 --out tau_matrix.json
+
+Output: JSON {"meta", "rows"} and a markdown table (median τ per dataset × bucket × configuration) beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from transformers_longspec.bench import default_eval_dir, select_eval_rows
+from transformers_longspec.cli import load_draft, load_target
+from transformers_longspec.demo import eval_prompt
+
+CONFIGS = {
+    "tree+retrieval": {"longspec_retrieval": 10},
+    "tree": {"longspec_retrieval": 0},
+    "chain": {"longspec_beam_widths": [1] * 6, "longspec_retrieval": 0},
+    "retrieval_only": {"longspec_beam_widths": [], "longspec_retrieval": 10},
+}
+
+
+def run_config(target, draft, ids, kwargs: dict, new_tokens: int) -> tuple[torch.Tensor, dict]:
+    out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=new_tokens, **kwargs)
+    s = draft.last_generation_stats
+    steps = len(s.accepted_lengths)
+    return out, {
+        "tau": s.tau, "steps": steps, "new_tokens": s.new_tokens, "histogram": s.acceptance_histogram(),
+        "first_token_accepted": sum(n >= 2 for n in s.accepted_lengths) / max(steps, 1),
+        "retrieval_accepted": s.retrieval_accepted, "decode_tok_s": s.decode_tokens_per_s,
+        "step_ms": 1e3 * (s.total_s - s.prefill_s) / max(steps, 1),
+    }
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}" if values else "–"
+
+
+def markdown(rows: list[dict], configs: list[str]) -> str:
+    lines = ["| dataset | bucket | prompts | " + " | ".join(f"τ {c}" for c in configs)
+             + " | first-token acceptance (chain) |", "|---|---|---|" + "---|" * (len(configs) + 1)]
+    keys = sorted({(r["dataset"], r["bucket"]) for r in rows})
+    for dataset, bucket in keys:
+        group = [r for r in rows if (r["dataset"], r["bucket"]) == (dataset, bucket)]
+        cells = [_median([r[c]["tau"] for r in group if c in r]) for c in configs]
+        cells.append(_median([r["chain"]["first_token_accepted"] for r in group if "chain" in r]))
+        prompts = len({r["id"] for r in group})
+        lines.append(f"| {dataset} | {bucket} | {prompts} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", default=None)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--datasets", default="code_completion,summarization")
+    p.add_argument("--buckets", default="8192,16384,30000")
+    p.add_argument("--per-bucket", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {list(CONFIGS)}")
+    p.add_argument("--max-seconds", type=float, default=1e9, help="start no new prompt after this many seconds")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    configs = args.configs.split(",")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    target, tokenizer = load_target(args.target, getattr(torch, args.dtype))
+    target = target.to(device)
+    draft = load_draft(args.draft, target)
+    eval_dir = default_eval_dir()
+    buckets = [int(b) for b in args.buckets.split(",")]
+    prompts = []
+    for dataset in args.datasets.split(","):
+        for row in select_eval_rows(eval_dir / f"{dataset}.jsonl", buckets, args.per_bucket):
+            ids = eval_prompt(row, tokenizer).to(device)
+            prompts.append(({"id": row["_id"], "dataset": dataset, "bucket": row.get("bucket", 0),
+                             "prompt_tokens": ids.shape[1]}, ids))
+    prompts.sort(key=lambda p: -p[1].shape[1])  # the longest first: one engine per configuration serves them all
+    outputs, start = {}, time.perf_counter()
+    for name in configs:  # configuration outermost: its static engine is built once
+        kwargs = {**CONFIGS[name], "longspec_compile": False}  # τ does not depend on compiled regions
+        for record, ids in prompts:
+            if time.perf_counter() - start > args.max_seconds:
+                break
+            out, record[name] = run_config(target, draft, ids, kwargs, args.max_new_tokens)
+            first = outputs.setdefault(record["id"], out)
+            record[name]["same_as_first"] = bool(torch.equal(out, first))
+            print(json.dumps({"config": name, **{k: v for k, v in record.items() if not isinstance(v, dict)},
+                              "tau": round(record[name]["tau"], 3)}), flush=True)
+    rows = [record for record, _ in prompts]
+    meta = {"commit": os.environ.get("LONGSPEC_COMMIT", "unknown"), "device": torch.cuda.get_device_name()
+            if device == "cuda" else platform.processor(), "target": args.target, "draft": args.draft,
+            "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "configs": {c: CONFIGS[c] for c in configs}}
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    table = markdown(rows, configs)
+    Path(args.out).with_suffix(".md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The default tree: the shape with the highest predicted speed on this device, target and draft.
+
+When a call names no tree (`longspec_beam_widths` unset on the call and on the `GenerationConfig`), the decode loop
+asks `TreePolicy.choose` for one. Predicted speed over plain decoding, for a shape of widths w_1..w_D and a
+retrieval branch of R tokens:
+
+      speed = τ̂ / (c_draft(w) + c_verify(1 + Σw + R)),      costs in units of one plain decode step c_verify(1)
+
+* c_verify(T): seconds of one target forward over T tokens, measured once per (target, device, dtype) at the first
+  call (a few forwards at T = 1 ... 128, interpolated). On a GPU it is nearly flat up to ~100 tokens; on a CPU it
+  grows almost linearly, which is why a 69-node tree there costs ~20 plain steps.
+* c_draft(w): seconds of growing that tree with the draft, measured the same way.
+* τ̂ = 1 + Σ_d Π_{i<=d} a_i + g: depth d of the tree holds the target's token with probability a_d = 1 − (1 − p)^√b_d,
+  b_d = max(1, w_d / w_{d−1}) candidates per parent (more candidates, diminishing returns); p is the draft's
+  top-1 acceptance, g the tokens per step the retrieval branch adds. Both start from priors (p = 0.5, g = 0.2) and
+  follow what the draft achieved in earlier calls of the process (p by inverting τ̂ for the shape used).
+
+The candidates are `LADDER` (chains and small trees up to the default) and the draft's own `beam_widths`; the empty
+tree (plain decoding through the engine, speed 1 + g / ...) is always one, so the default never predicts slower
+than plain decoding. The choice is reported in `LongSpecStats.beam_widths` / `retrieval_tokens`. A model here, not a
+guarantee: every shape is exact, only the speed depends on it.
+
+Reference: LongSpec (arXiv 2502.17421) §3.3 (dynamic trees); the cost model of tree-size selection in Sequoia
+(Chen et al. 2024) and SpecInfer, in simplified form.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache import DraftRingCache
+from .tree import grow_tree
+
+LADDER = ((), (1,), (1, 1), (1, 1, 1), (2, 2, 2), (2, 2, 2, 2), (4, 4, 4, 4), (4, 8, 8, 8), (4, 16, 16, 16, 16))
+PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN = 0.5, 0.2
+_VERIFY_POINTS = (1, 8, 32, 96, 160)  # tokens per measured target forward
+
+
+def expected_tau(widths, p: float, retrieval_gain: float = 0.0) -> float:
+    """τ̂ of a tree shape for top-1 acceptance `p` in [0, 1] plus the retrieval branch's gain (tokens per step)."""
+    tau, reach, parents = 1.0, 1.0, 1
+    for w in widths:
+        per_parent = max(1.0, w / parents)
+        reach *= 1.0 - (1.0 - p) ** math.sqrt(per_parent)
+        tau += reach
+        parents = w
+    return tau + retrieval_gain
+
+
+def acceptance_from_tau(widths, tau: float, retrieval_gain: float = 0.0) -> float:
+    """The p for which `expected_tau(widths, p, retrieval_gain)` equals `tau` (bisection; clipped to [0.01, 0.99])."""
+    if not widths:
+        return math.nan
+    low, high = 0.01, 0.99
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_tau(widths, mid, retrieval_gain) < tau else (low, mid)
+    return (low + high) / 2
+
+
+@dataclass
+class TreeCosts:
+    """Measured seconds: `verify[T]` one target forward over T tokens, `draft[widths]` growing that tree."""
+
+    verify: dict[int, float]
+    draft: dict[tuple[int, ...], float] = field(default_factory=dict)
+
+    def verify_s(self, tokens: int) -> float:
+        """Seconds for `tokens`, linearly interpolated between measured points (extrapolated past the last)."""
+        points = sorted(self.verify.items())
+        for (t0, s0), (t1, s1) in zip(points, points[1:]):
+            if tokens <= t1:
+                break
+        return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
+
+
+@torch.no_grad()
+def measure_costs(target, draft, candidates) -> TreeCosts:
+    """Time target forwards over `_VERIFY_POINTS` tokens and the draft growing each candidate tree (best of three
+    passes), with the models' own device and dtype. Cost: 15 target forwards of <= 160 tokens, 3 growths per tree.
+
+    Returns: `TreeCosts` in seconds.
+    """
+    device = next(target.parameters()).device
+    vocab = target.config.get_text_config().vocab_size
+    ids = torch.arange(max(_VERIFY_POINTS), device=device)[None] % vocab
+    decoder, head = target.get_decoder(), target.get_output_embeddings()
+
+    def forward(t: int):  # the decoder and the LM head over t tokens (not through `target`, whose LM head is watched
+        hidden = decoder(input_ids=ids[:, :t], use_cache=False).last_hidden_state  # for NaN prefill logits)
+        return head(hidden)
+
+    c = draft.config
+    param = next(draft.parameters())
+    keys = torch.zeros(1, c.num_key_value_heads, 16, c.head_dim, dtype=param.dtype, device=device)
+    rings = {w: DraftRingCache(c.sliding_window, 1 + sum(w), c.num_key_value_heads, c.head_dim, param.dtype, device)
+             for w in candidates if w}
+    work = {("verify", t): (lambda t=t: forward(t)) for t in _VERIFY_POINTS}
+    work.update({("draft", w): (lambda w=w: grow_tree(draft, rings[w], ids[0, :1], 16, keys, keys, w)) for w in rings})
+    best = dict.fromkeys(work, math.inf)
+    for _ in range(3):  # three passes over everything, the best of each kept: the first warms up, drift averages out
+        for name, fn in work.items():
+            best[name] = min(best[name], _timed(fn, device))
+    return TreeCosts(verify={t: best[("verify", t)] for t in _VERIFY_POINTS},
+                     draft={w: best[("draft", w)] for w in rings})
+
+
+def _timed(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+class TreePolicy:
+    """Chooses the default tree for one draft (kept on it) and learns its acceptance from finished calls.
+
+    Args:
+        largest: the draft config's `beam_widths`, a candidate beside `LADDER` (shapes wider than it are dropped).
+
+    Reference: module docstring.
+    """
+
+    def __init__(self, largest):
+        self.largest = tuple(largest)
+        self.candidates = tuple(dict.fromkeys(
+            [w for w in LADDER if len(w) <= len(largest) and sum(w) <= sum(largest)] + [tuple(largest)]))
+        self.costs: dict[tuple, TreeCosts] = {}
+        self.acceptance, self.retrieval_gain = PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN
+
+    def predicted_speedup(self, widths, retrieval_tokens: int, costs: TreeCosts) -> float:
+        """τ̂ × (plain step seconds) / (draft + verification seconds) for a shape and a retrieval length."""
+        gain = self.retrieval_gain if retrieval_tokens else 0.0
+        step = costs.draft.get(tuple(widths), 0.0) + costs.verify_s(1 + sum(widths) + retrieval_tokens)
+        return expected_tau(widths, self.acceptance, gain) * costs.verify_s(1) / step
+
+    def choose(self, target, draft, retrieval_options) -> tuple[tuple[int, ...], int]:
+        """(beam_widths, retrieval_tokens) with the highest predicted speed-up; measures costs on first use.
+
+        Args:
+            retrieval_options: retrieval lengths to consider (tokens): the call's own, or (0, the default) when the
+                call names none.
+        """
+        param = next(target.parameters())
+        key = (id(target), param.device, param.dtype)
+        if key not in self.costs:
+            self.costs[key] = measure_costs(target, draft, self.candidates)
+        options = [(w, r) for w in self.candidates for r in retrieval_options]
+        return max(options, key=lambda o: self.predicted_speedup(o[0], o[1], self.costs[key]))
+
+    def observe(self, widths, retrieval_tokens: int, accepted_lengths, retrieval_accepted: int) -> None:
+        """Update the acceptance estimates from a finished call (half weight to the new call; >= 4 steps)."""
+        steps = len(accepted_lengths)
+        if steps < 4:
+            return
+        gain = retrieval_accepted / steps
+        if retrieval_tokens:
+            self.retrieval_gain = 0.5 * self.retrieval_gain + 0.5 * gain
+        if widths:
+            tau = sum(accepted_lengths) / steps
+            self.acceptance = 0.5 * self.acceptance + 0.5 * acceptance_from_tau(widths, tau, gain)
+
+
+__all__ = ["LADDER", "TreeCosts", "TreePolicy", "acceptance_from_tau", "expected_tau", "measure_costs"]
