@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformers_longspec import LongSpecDraft, bench_report
+from transformers_longspec import LongSpecDraft
 from transformers_longspec.bench import BenchConfig, BenchModels, Prompt, parse_variant, run_bench
-from transformers_longspec.bench_report import aggregate, format_table
+from transformers_longspec.bench import report as bench_report
+from transformers_longspec.bench.report import aggregate, format_table
 from transformers_longspec.cli import main
 
 from tiny_models import make_target
@@ -163,5 +164,5 @@ def test_micro_attention_smoke(tmp_path):
 
 def test_eval_lossless_uses_the_shared_helpers():
     module = _load(TESTS.parent / "benchmarks" / "eval_lossless.py")
-    assert module.top2_logits.__module__ == "transformers_longspec.bench"
-    assert module.select_eval_rows.__module__ == "transformers_longspec.bench"
+    assert module.top2_logits.__module__ == "transformers_longspec.bench.exactness"
+    assert module.select_eval_rows.__module__ == "transformers_longspec.bench.prompts"

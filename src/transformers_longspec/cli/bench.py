@@ -9,7 +9,7 @@ aggregates), `decode_tok_s.png` and `tau.png` into `--out`, and prints a markdow
 `add_bench_parser(subparsers)` to register the command; user mistakes raise ValueError / FileNotFoundError /
 ImportError before any model loads where possible (the CLI prints them in one line and exits with status 2).
 
-Reference: `transformers_longspec.bench` (what is measured and how).
+Reference: `transformers_longspec.bench.harness` (what is measured and how).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .bench import (
+from ..bench import (
     METHODS,
     BenchConfig,
     BenchModels,
@@ -32,7 +32,8 @@ from .bench import (
     run_bench,
     select_eval_rows,
 )
-from .bench_report import build_report, format_table, plot_report, write_report
+from ..bench.report import build_report, format_table, plot_report, write_report
+from .models import load_draft, load_target
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_METHODS = "sdpa,eager,static_compile,assisted,prompt_lookup,longspec"
@@ -121,9 +122,6 @@ def _needs(config: BenchConfig, what: str) -> bool:
 
 
 def _load_models(args, config: BenchConfig) -> tuple[BenchModels, object]:
-    from .cli import load_draft
-    from .cli_train import load_target
-
     target, tokenizer = load_target(args.target, DTYPES[args.dtype], args.device)
     draft = load_draft(args.draft, target) if _needs(config, "draft") else None
     assistant = None

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .bench import DECODE_CLOCK, REFERENCE, TAU_DEFINITION, BenchRow
+from .harness import DECODE_CLOCK, REFERENCE, TAU_DEFINITION, BenchRow
 
 ALL_BUCKETS = "all"
 
@@ -194,7 +194,7 @@ def write_report(report: dict, out_dir: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m transformers_longspec.bench_report OUT_DIR`: recompute the aggregates of `OUT_DIR/bench.json`
+    """`python -m transformers_longspec.bench.report OUT_DIR`: recompute the aggregates of `OUT_DIR/bench.json`
     (e.g. one cut short), rewrite it, redraw the plots and print the table. Returns the exit status."""
     import argparse
 
