@@ -45,7 +45,7 @@ bench() {
 
 # every greedy method; LongSpec as shipped (static shapes, CUDA graphs, compiled regions) and without compiled regions
 # (LongSpec with eager steps: `--variant 'longspec_eager=longspec:{"longspec_static_shapes": false}'`, ~9 tok/s)
-GREEDY_METHODS=sdpa,eager,static_compile,assisted,prompt_lookup,longspec,longspec_graphs
+GREEDY_METHODS=sdpa,eager,static_compile,plain_graph,assisted,prompt_lookup,longspec,longspec_graphs
 VARIANTS=(--variant 'longspec_graphs=longspec:{"longspec_compile": false}')
 DEEP='longspec_deep_tree=longspec:{"longspec_beam_widths": [4, 8, 8, 8, 8, 8, 8]}'
 

@@ -106,17 +106,19 @@ def saved_target(tmp_path):
 
 def test_cli_end_to_end(saved_target, capsys):
     out = saved_target / "out"
-    status = main(["bench", "--target", str(saved_target / "target"), "--methods", "sdpa,static_compile,longspec",
+    status = main(["bench", "--target", str(saved_target / "target"),
+                   "--methods", "sdpa,static_compile,plain_graph,longspec",
                    "--datasets", "code_completion,summarization", "--buckets", "2048", "--per-bucket", "1",
                    "--max-new-tokens", "6", "--dtype", "fp32", "--device", "cpu",
                    "--data-dir", str(saved_target / "data"), "--out", str(out)])
     assert status == 0
     report = json.loads((out / "bench.json").read_text())
-    assert [r["prompt_id"] for r in report["rows"]] == ["c0"] * 3 + ["s0"] * 3  # shortest prompt first
-    assert len((out / "rows.jsonl").read_text().splitlines()) == 6
+    assert [r["prompt_id"] for r in report["rows"]] == ["c0"] * 4 + ["s0"] * 4  # shortest prompt first
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 8
     assert all(r["new_tokens"] and r["error"] is None for r in report["rows"])
-    warmed = [r for r in report["rows"] if r["method"] in ("static_compile", "longspec")]  # untimed warm-up first
-    assert len(warmed) == 4 and all(r["compile_s"] > 0 and r["identical"] is not None for r in warmed)
+    warmed = [r for r in report["rows"] if r["method"] in ("static_compile", "plain_graph", "longspec")]
+    assert len(warmed) == 6 and all(r["compile_s"] > 0 and r["identical"] is not None for r in warmed)  # untimed first
+    assert all(r["identical"] and r["tau"] == 1.0 for r in warmed if r["method"] == "plain_graph")
     assert report["meta"]["args"]["max_new_tokens"] == 6 and "T(N) - T(1)" in report["meta"]["decode_clock"]
     assert (out / "decode_tok_s.png").stat().st_size > 0 and (out / "tau.png").stat().st_size > 0
     assert "| longspec | all |" in capsys.readouterr().out

@@ -39,8 +39,8 @@ DECODE_CLOCK = (
 )
 TAU_DEFINITION = (
     "LongSpec: mean tokens emitted per verification forward (LongSpecStats.tau); other methods: new tokens per "
-    "target forward (forward hook; assisted generation verifies prompt + first candidates in its first forward); "
-    "null where forwards are not counted (compiled "
+    "target forward (forward hook; assisted generation verifies prompt + first candidates in its first forward; "
+    "plain_graph: its own count, steps past an EOS included); null where forwards are not counted (compiled "
     "static-cache forward)"
 )
 

@@ -1,11 +1,11 @@
 """The decoding methods a benchmark compares: how each calls `target.generate` (or runs its own loop).
 
 `METHODS` maps a name to a `Method`; `parse_variant` derives more from the command line (`--variant`). Baselines
-(vanilla `generate` with sdpa / eager attention, a compiled static cache, assisted generation, prompt lookup,
-sampling) are what LongSpec's speed-ups are reported over.
+(vanilla `generate` with sdpa / eager attention, a compiled static cache, the CUDA-graph plain loop `plain_graph`,
+assisted generation, prompt lookup, sampling) are what LongSpec's speed-ups are reported over.
 
 Reference: transformers `GenerationMixin.generate` (assisted generation, prompt lookup,
-`cache_implementation="static"`).
+`cache_implementation="static"`); `transformers_longspec.bench.plain_graph`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
+
+from .plain_graph import PlainGraphLoop
 
 __all__ = ["BenchModels", "METHODS", "Method", "parse_variant"]
 
@@ -75,6 +77,7 @@ METHODS: dict[str, Method] = {
     "eager": Method(lambda m, t: {"do_sample": False}, attn_implementation="eager", baseline=True),
     "static_compile": Method(lambda m, t: {"do_sample": False, "cache_implementation": "static"},
                              static_cache=True, warm_up=True, baseline=True),
+    "plain_graph": Method(lambda m, t: {"compile": True}, warm_up=True, baseline=True, loop=PlainGraphLoop),
     "assisted": Method(lambda m, t: {"do_sample": False, "assistant_model": m.assistant}, requires="assistant",
                        baseline=True),
     "prompt_lookup": Method(lambda m, t: {"do_sample": False, "prompt_lookup_num_tokens": 10}, baseline=True),

@@ -36,7 +36,7 @@ from ..bench.report import build_report, format_table, plot_report, write_report
 from .models import load_draft, load_target
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DEFAULT_METHODS = "sdpa,eager,static_compile,assisted,prompt_lookup,longspec"
+DEFAULT_METHODS = "sdpa,eager,static_compile,plain_graph,assisted,prompt_lookup,longspec"
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -49,9 +49,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     """
     p = subparsers.add_parser(
         "bench", help="benchmark every decoding method side by side on real long prompts",
-        description="Run vanilla generate (sdpa, eager, static cache + compile), HF assisted generation, prompt "
-        "lookup and LongSpec (greedy and sampling) on the same prompts and the same loaded target; report decode "
-        "tokens/s (prefill excluded), tau, exactness against sdpa, peak memory; write JSON + plots.")
+        description="Run vanilla generate (sdpa, eager, static cache + compile), a static-cache greedy loop replayed "
+        "from a CUDA graph (plain_graph, the strongest plain baseline), HF assisted generation, prompt lookup and "
+        "LongSpec (greedy and sampling) on the same prompts and the same loaded target; report decode tokens/s "
+        "(prefill excluded), tau, exactness against sdpa, peak memory; write JSON + plots.")
     p.add_argument("--target", required=True, help="HF model folder, a .gguf file, or 'smollm2'")
     p.add_argument("--draft", help="saved LongSpec draft folder (default: bundled if it fits, else untrained)")
     p.add_argument("--assistant", help="small model (folder or .gguf) for HF assisted generation; without it "
