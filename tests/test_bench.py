@@ -121,7 +121,23 @@ def test_cli_end_to_end(saved_target, capsys):
     assert all(r["identical"] and r["tau"] == 1.0 for r in warmed if r["method"] == "plain_graph")
     assert report["meta"]["args"]["max_new_tokens"] == 6 and "T(N) - T(1)" in report["meta"]["decode_clock"]
     assert (out / "decode_tok_s.png").stat().st_size > 0 and (out / "tau.png").stat().st_size > 0
-    assert "| longspec | all |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| longspec | all |" in printed and "per LongSpec step:" in printed
+    rows = {(r["method"], r["prompt_id"]): r for r in report["rows"]}
+
+    def predicted(prompt_id):  # tau x (plain loop's ms per token) / (LongSpec's ms per step)
+        spec, plain = rows["longspec", prompt_id], rows["plain_graph", prompt_id]
+        step_ms = 1e3 * (spec["draft_s_per_step"] + spec["verify_s_per_step"] + spec["other_s_per_step"])
+        return spec["tau"] * (1e3 / plain["decode_tok_s"]) / step_ms
+
+    steps = {a["method"]: a["step"] for a in report["aggregates"] if a["bucket"] == 2048}
+    assert steps["sdpa"] is None and steps["plain_graph"] is None and steps["static_compile"] is None
+    s = steps["longspec"]  # bucket 2048 holds c0 and s0 (a median of two is their mean); a 1-token run has no clock
+    timed = [predicted(p) for p in ("c0", "s0") if rows["plain_graph", p]["decode_tok_s"]]
+    assert timed and s["draft_ms"] > 0 and s["verify_ms"] > 0 and s["other_ms"] is not None and s["plain_token_ms"] > 0
+    assert s["predicted_ratio"] == pytest.approx(sum(timed) / len(timed))
+    assert s["measured_ratio"] == pytest.approx([a for a in report["aggregates"] if a["method"] == "longspec"
+                                                 and a["bucket"] == 2048][0]["speedup_over"]["plain_graph"])
     (out / "tau.png").unlink()
     assert bench_report.main([str(out)]) == 0 and (out / "tau.png").exists()  # rebuilds a (cut-short) report
 
