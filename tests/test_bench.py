@@ -11,7 +11,7 @@ import torch
 from transformers_longspec import LongSpecDraft
 from transformers_longspec.bench import BenchConfig, BenchModels, Prompt, parse_variant, run_bench
 from transformers_longspec.bench import report as bench_report
-from transformers_longspec.bench.report import aggregate, format_table
+from transformers_longspec.bench.report import aggregate, format_table, method_colours, plot_report
 from transformers_longspec.cli import main
 
 from tiny_models import make_target
@@ -150,6 +150,7 @@ def test_cli_end_to_end(saved_target, capsys):
     (["--variant", "broken"], "NAME=BASE:JSON"),
     (["--datasets", "nosuch"], "nosuch.jsonl not found"),
     (["--target", "/no/such/model"], "not a model folder"),
+    (["--device", "gpu0"], "--device takes cpu, cuda or cuda:N"),
 ])
 def test_cli_user_errors_print_one_line(saved_target, capsys, argv, message):
     base = {"--target": str(saved_target / "target"), "--data-dir": str(saved_target / "data"),
@@ -184,3 +185,30 @@ def test_eval_lossless_uses_the_shared_helpers():
     module = _load(TESTS.parent / "benchmarks" / "eval_lossless.py")
     assert module.top2_logits.__module__ == "transformers_longspec.bench.exactness"
     assert module.select_eval_rows.__module__ == "transformers_longspec.bench.prompts"
+
+
+def test_cpu_defaults_to_fp32_and_a_cut_context_is_labelled_by_its_length(saved_target):
+    out = saved_target / "cut"
+    assert main(["bench", "--target", str(saved_target / "target"), "--methods", "sdpa,plain_graph",
+                 "--datasets", "code_completion", "--buckets", "2048,4096", "--max-context", "40",
+                 "--max-new-tokens", "3", "--device", "cpu", "--data-dir", str(saved_target / "data"),
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert report["meta"]["args"]["dtype"] == "fp32"
+    assert {r["bucket"] for r in report["rows"]} == {40} and {r["prompt_tokens"] for r in report["rows"]} == {40}
+    assert {a["bucket"] for a in report["aggregates"]} == {40, "all"}
+
+
+def test_a_method_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    aggregates = [{"method": m, "bucket": b, "median_decode_tok_s": 10.0, "median_tau": None if m == "static" else 1.5}
+                  for m in ("sdpa", "static", "longspec") for b in (64, 256, "all")]
+    drawn = []  # per PNG: {label: colour} of its lines
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: drawn.append(
+        {line.get_label(): line.get_color() for line in fig.axes[0].lines}))
+    plot_report({"aggregates": aggregates, "meta": {"device": "cpu", "commit": None}}, tmp_path)
+    speed, tau = drawn
+    assert set(speed) == {"sdpa", "static", "longspec"} and set(tau) == {"sdpa", "longspec"}  # static: no τ
+    assert len(set(speed.values())) == 3 and all(tau[m] == speed[m] for m in tau)
+    assert method_colours(aggregates) == speed

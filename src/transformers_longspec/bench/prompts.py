@@ -67,7 +67,8 @@ def load_prompts(tokenizer, datasets, buckets, per_bucket: int, data_dir: str | 
         tokenizer: the target's tokenizer (with a chat template for summaries and math).
         datasets: file stems under `data_dir`, e.g. ("code_completion", "summarization", "math_reasoning").
         buckets, per_bucket: see `select_eval_rows`. data_dir: default `default_eval_dir()`.
-        max_context: truncate each context to this many tokens (None = whole). device: where the ids go.
+        max_context: truncate each context to this many tokens (None = whole); a prompt of a larger bucket then
+            gets `max_context` as its bucket. device: where the ids go.
     Returns: list of `Prompt`, sorted by prompt length (tokens).
     Raises: FileNotFoundError for a missing file; ValueError for a row without context.
     """
@@ -76,5 +77,8 @@ def load_prompts(tokenizer, datasets, buckets, per_bucket: int, data_dir: str | 
     for name in datasets:
         for row in select_eval_rows(data_dir / f"{name}.jsonl", buckets, per_bucket):
             ids = eval_prompt(row, tokenizer, max_context).to(device)
-            prompts.append(Prompt(id=row["_id"], dataset=name, bucket=int(row.get("bucket", 0)), ids=ids))
+            bucket = int(row.get("bucket", 0))
+            if max_context is not None and bucket > max_context:  # a cut context is labelled by its real length
+                bucket = max_context
+            prompts.append(Prompt(id=row["_id"], dataset=name, bucket=bucket, ids=ids))
     return sorted(prompts, key=lambda p: p.ids.shape[1])

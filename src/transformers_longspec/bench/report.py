@@ -202,8 +202,17 @@ def format_table(aggregates: list[dict]) -> str:
     return "\n".join(lines) + (f"\n\nper LongSpec step:\n{steps}" if steps else "")
 
 
+def method_colours(aggregates: list[dict]) -> dict[str, str]:
+    """One matplotlib colour per method label, in order of first appearance (tab10, then tab20 beyond ten), so that a
+    method has the same colour in every plot, also where it has no point (e.g. no τ)."""
+    methods = list(dict.fromkeys(a["method"] for a in aggregates))
+    cycle = [f"C{i}" for i in range(10)] if len(methods) <= 10 else [f"tab20:{i}" for i in range(20)]
+    return {m: cycle[i % len(cycle)] for i, m in enumerate(methods)}
+
+
 def plot_report(report: dict, out_dir: str | Path) -> list[Path]:
-    """Two PNGs: median decode tokens/s and median τ against the length bucket, one line per method.
+    """Two PNGs: median decode tokens/s and median τ against the length bucket, one line per method, each method in
+    its own colour in both (`method_colours`).
 
     Args:
         report: a `build_report` document. out_dir: existing folder.
@@ -220,6 +229,7 @@ def plot_report(report: dict, out_dir: str | Path) -> list[Path]:
     per_bucket = [a for a in report["aggregates"] if a["bucket"] != ALL_BUCKETS]
     buckets = sorted({a["bucket"] for a in per_bucket})
     x = {b: i for i, b in enumerate(buckets)}
+    colours = method_colours(per_bucket)
     paths = []
     for key, ylabel, name in [("median_decode_tok_s", "decode tokens/s (median)", "decode_tok_s.png"),
                               ("median_tau", "τ (tokens per target forward, median)", "tau.png")]:
@@ -227,7 +237,7 @@ def plot_report(report: dict, out_dir: str | Path) -> list[Path]:
         for method in dict.fromkeys(a["method"] for a in per_bucket):
             points = [(x[a["bucket"]], a[key]) for a in per_bucket if a["method"] == method and a[key] is not None]
             if points:
-                ax.plot(*zip(*points), marker="o", label=method)
+                ax.plot(*zip(*points), marker="o", label=method, color=colours[method])
         ax.set_xticks(range(len(buckets)), [str(b) if b else "short" for b in buckets])
         ax.set_xlabel("context bucket (tokens)")
         ax.set_ylabel(ylabel)
@@ -268,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["PLAIN_LOOP", "aggregate", "build_report", "environment", "format_step_table", "format_table", "main",
-           "plot_report", "step_breakdown", "write_report"]
+           "method_colours", "plot_report", "step_breakdown", "write_report"]
 
 
 if __name__ == "__main__":

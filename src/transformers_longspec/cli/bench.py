@@ -75,7 +75,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated per call (default 256)")
     p.add_argument("--data-dir", help="folder of the evaluation jsonl files (default $LONGSPEC_EVAL_DIR or "
                    "shared/data/eval beside the checkout)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weights dtype (default bf16)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="weights dtype (default: bf16 on CUDA, fp32 on a CPU, where bf16 is slow)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     p.add_argument("--seed", type=int, default=0, help="torch.manual_seed before every generate call")
     p.add_argument("--near-tie-gap", type=float, default=0.25,
@@ -140,6 +141,12 @@ def run_bench_command(args) -> dict:
     Raises: ValueError / FileNotFoundError / ImportError for user mistakes (unknown method, bad list, missing data
         file, model path or matplotlib), before loading any model.
     """
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device takes cpu, cuda or cuda:N, got {args.device!r}") from None
+    if args.dtype is None:  # bf16 on a CPU is emulated (and GGUF targets load fastest in fp32)
+        args.dtype = "bf16" if device.type == "cuda" else "fp32"
     config = _config(args)
     datasets, buckets = _split(args.datasets, str, "--datasets"), _split(args.buckets, int, "--buckets")
     for name in datasets:  # a missing file fails now, not after minutes of loading
