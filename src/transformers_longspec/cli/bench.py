@@ -65,7 +65,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    "--methods)")
     p.add_argument("--temperatures", default="1.0", help="sampling temperatures for sample / longspec_sample")
     p.add_argument("--datasets", default="code_completion,summarization",
-                   help="jsonl stems in the data folder: code_completion, summarization, math_reasoning")
+                   help="jsonl stems in the data folder: code_completion, summarization, math_reasoning, and heldout "
+                   "(C/C++ completion and prose summaries absent from training: benchmarks/build_heldout.py writes "
+                   ".evaldata/heldout.jsonl; pass --data-dir .evaldata or set LONGSPEC_EVAL_DIR)")
     p.add_argument("--buckets", default="8192,16384,30000",
                    help="context buckets (tokens) to take prompts from (default 8192,16384,30000; --per-bucket "
                    "prompts per dataset and bucket; on a CPU try --buckets 8192 --max-context 256 --max-new-tokens 8)")
