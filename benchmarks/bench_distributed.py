@@ -35,7 +35,7 @@ from transformers import TrainerCallback
 
 import transformers_longspec  # noqa: F401  (generate hook)
 from transformers_longspec import LongSpecDraft
-from transformers_longspec.cli_train import load_target
+from transformers_longspec.cli.models import load_target
 from transformers_longspec.trainers import (
     LongSpecTrainer,
     LongSpecTrainingArguments,

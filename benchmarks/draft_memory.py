@@ -19,7 +19,7 @@ import torch
 
 from transformers_longspec import LongSpecCache, LongSpecCandidateGenerator, LongSpecDraft
 from transformers_longspec.bench import default_eval_dir, load_prompts
-from transformers_longspec.cli_train import load_target
+from transformers_longspec.cli.models import load_target
 
 
 def measure(target, draft, ids: torch.Tensor) -> dict:

@@ -36,7 +36,7 @@ from transformers_longspec.bench import (
     timed_call,
     top2_logits,
 )
-from transformers_longspec.cli import load_draft, load_target
+from transformers_longspec.cli.models import load_draft, load_target
 from transformers_longspec.demo import eval_prompt
 
 EVAL_DIR = default_eval_dir()

@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 to_hf() {  # de-quantise a staged GGUF once into a bf16 HF folder beside it (a GGUF-loaded model refuses
   [ -f "$1/config.json" ] && return  # save_pretrained, so its weights go into a plain model of the same config)
   python3 -c "import sys, torch; from transformers import AutoModelForCausalLM; from transformers.utils import logging
-from transformers_longspec.cli_train import load_target; logging.disable_progress_bar()
+from transformers_longspec.cli.models import load_target; logging.disable_progress_bar()
 m, t = load_target(sys.argv[1] + '.gguf', torch.bfloat16); m.config.__dict__.pop('quantization_config', None)
 d = AutoModelForCausalLM.from_config(m.config, dtype=torch.bfloat16); d.load_state_dict(m.state_dict())
 d.save_pretrained(sys.argv[1]); t.save_pretrained(sys.argv[1])" "$1"
@@ -45,7 +45,7 @@ bench() {
 
 # every greedy method; LongSpec as shipped (static shapes, CUDA graphs, compiled regions) and without compiled regions
 # (LongSpec with eager steps: `--variant 'longspec_eager=longspec:{"longspec_static_shapes": false}'`, ~9 tok/s)
-GREEDY_METHODS=sdpa,eager,static_compile,assisted,prompt_lookup,longspec,longspec_graphs
+GREEDY_METHODS=sdpa,eager,static_compile,plain_graph,assisted,prompt_lookup,longspec,longspec_graphs
 VARIANTS=(--variant 'longspec_graphs=longspec:{"longspec_compile": false}')
 DEEP='longspec_deep_tree=longspec:{"longspec_beam_widths": [4, 8, 8, 8, 8, 8, 8]}'
 

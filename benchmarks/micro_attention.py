@@ -43,7 +43,7 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from transformers_longspec import LongSpecCache, compat
 from transformers_longspec.attention import hybrid_tree_attention
-from transformers_longspec.bench_report import environment
+from transformers_longspec.bench.report import environment
 from transformers_longspec.tree import DraftTree, tree_layout
 from transformers_longspec.verification import verify_tree
 

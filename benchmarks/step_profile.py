@@ -2,11 +2,14 @@
 
     python benchmarks/step_profile.py --shape qwen2.5-1.5b --contexts 8192,16384,30000 --out step_profile.json
 
-For each context: plain greedy `generate` (sdpa) and LongSpec with eager steps, with static shapes + CUDA graphs,
-and with static shapes + CUDA graphs + compiled regions (`longspec_compile`, the GPU default), same prompt,
-same untrained draft (so τ is near 1: the numbers are per STEP, not per token). Reports ms per step
-(draft / verify / rest), the first-call cost of graph capture, peak memory, and whether each LongSpec output equals
-plain greedy (random weights in bf16 have many near-ties, so a mismatch here is not by itself a bug; the
+For each context: plain greedy `generate` (sdpa), the strongest plain loop (`plain_graph`: static cache, one-token
+step compiled and replayed from a CUDA graph) and LongSpec with eager steps, with static shapes + CUDA graphs, and
+with static shapes + CUDA graphs + compiled regions (`longspec_compile`, the GPU default), same prompt, same
+untrained draft (so τ is near 1: the numbers are per STEP, not per token). Reports ms per step (draft / verify /
+other = acceptance, compaction, stopping, host), the plain loop's ms per token beside it and the ratio a draft of
+acceptance τ would give, τ × (plain-loop token ms) / (step ms) (`predicted_ratio_per_tau`: that ratio for τ = 1;
+multiply by the real draft's τ), the first-call cost of graph capture, peak memory, and whether each LongSpec
+output equals plain greedy (random weights in bf16 have many near-ties, so a mismatch here is not by itself a bug; the
 exactness checks are the tests and the real-model runs).
 """
 
@@ -19,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from transformers_longspec import LongSpecDraft
-from transformers_longspec.bench import timed_call
+from transformers_longspec.bench import PlainGraphLoop, timed_call
 
 SHAPES = {
     "qwen2.5-1.5b": (Qwen2Config, dict(hidden_size=1536, intermediate_size=8960,
@@ -38,6 +41,18 @@ def random_target(shape: str, dtype=torch.bfloat16):
         return AutoModelForCausalLM.from_config(config_cls(**sizes, initializer_range=0.02), dtype=dtype).eval()
 
 
+def plain_graph_timing(target, ids, new_tokens: int, plain) -> dict:
+    """The plain loop (`plain_graph`) on the same prompt: warm-up (compile + capture) seconds, ms per token with the
+    bench's clock, and whether its output equals `plain` (generate's); its cache and graph are freed on return."""
+    loop = PlainGraphLoop(target)
+    _, warm_up_s = timed_call(lambda: loop(ids, new_tokens), "cuda")
+    _, t1 = timed_call(lambda: loop(ids, 1), "cuda")
+    out, tn = timed_call(lambda: loop(ids, new_tokens), "cuda")
+    return {"plain_graph_warm_up_s": warm_up_s,
+            "plain_graph_ms_per_token": 1e3 * (tn - t1) / (out.shape[1] - ids.shape[1] - 1),
+            "plain_graph_equals_plain": bool(torch.equal(out, plain))}
+
+
 def profile(target, draft, context: int, new_tokens: int) -> dict:
     """Time plain greedy and LongSpec (eager / CUDA graphs / graphs + compile) at one context length (tokens)."""
     ids = torch.randint(100, 20000, (1, context), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
@@ -45,6 +60,7 @@ def profile(target, draft, context: int, new_tokens: int) -> dict:
     _, t1 = timed_call(lambda: target.generate(ids, do_sample=False, max_new_tokens=1), "cuda")
     plain, tn = timed_call(lambda: target.generate(ids, do_sample=False, max_new_tokens=new_tokens), "cuda")
     row["plain_ms_per_token"] = 1e3 * (tn - t1) / (new_tokens - 1)
+    row.update(plain_graph_timing(target, ids, new_tokens, plain))
     for name, static, compile in (("eager", False, False), ("graphs", True, False), ("compiled", True, True)):
         draft.free_static_buffers()
         torch.cuda.reset_peak_memory_stats()
@@ -56,10 +72,13 @@ def profile(target, draft, context: int, new_tokens: int) -> dict:
         out, t = timed_call(longspec, "cuda")
         s = draft.last_generation_stats
         steps = len(s.accepted_lengths)
+        step_ms = 1e3 * (s.total_s - s.prefill_s) / steps
         row[name] = {
             "first_call_s": t_first, "call_s": t, "prefill_s": s.prefill_s, "steps": steps, "tau": s.tau,
-            "ms_per_step": 1e3 * (s.total_s - s.prefill_s) / steps,
+            "ms_per_step": step_ms,
             "draft_ms_per_step": 1e3 * s.draft_s / steps, "verify_ms_per_step": 1e3 * s.verify_s / steps,
+            "other_ms_per_step": step_ms - 1e3 * (s.draft_s + s.verify_s) / steps,
+            "predicted_ratio_per_tau": row["plain_graph_ms_per_token"] / step_ms,
             "equals_plain": bool(torch.equal(out, plain)), "same_as_first_call": bool(torch.equal(out, first)),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         }
@@ -87,6 +106,22 @@ def timing_pattern(target, draft, context: int, new_tokens: int) -> dict:
     return row
 
 
+def step_table(rows: list[dict]) -> str:
+    """Markdown: per context and LongSpec variant, draft / verify / other ms per step beside the plain loops' ms per
+    token (`plain_graph`, HF `generate`) and τ × plain_graph ms / step ms for τ = 1."""
+    head = ("| context | variant | draft ms | verify ms | other ms | step ms | plain_graph ms/token "
+            "| generate ms/token | predicted × per τ |")
+    lines = [head, "|" + "---|" * 9]
+    for row in rows:
+        for name in ("eager", "graphs", "compiled"):
+            v = row[name]
+            cells = [row["context"], name, *[f"{v[k]:.2f}" for k in ("draft_ms_per_step", "verify_ms_per_step",
+                     "other_ms_per_step", "ms_per_step")], f"{row['plain_graph_ms_per_token']:.2f}",
+                     f"{row['plain_ms_per_token']:.2f}", f"{v['predicted_ratio_per_tau']:.2f}"]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
@@ -103,6 +138,8 @@ def main() -> None:
         measure = timing_pattern if args.timing_pattern else profile
         rows.append(measure(target, draft, context, args.new_tokens))
         print(json.dumps(rows[-1]), flush=True)
+    if not args.timing_pattern:
+        print(step_table(rows))
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

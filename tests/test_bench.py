@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformers_longspec import LongSpecDraft, bench_report
+from transformers_longspec import LongSpecDraft
 from transformers_longspec.bench import BenchConfig, BenchModels, Prompt, parse_variant, run_bench
-from transformers_longspec.bench_report import aggregate, format_table
+from transformers_longspec.bench import report as bench_report
+from transformers_longspec.bench.report import aggregate, format_table, method_colours, plot_report
 from transformers_longspec.cli import main
 
 from tiny_models import make_target
@@ -105,20 +106,38 @@ def saved_target(tmp_path):
 
 def test_cli_end_to_end(saved_target, capsys):
     out = saved_target / "out"
-    status = main(["bench", "--target", str(saved_target / "target"), "--methods", "sdpa,static_compile,longspec",
+    status = main(["bench", "--target", str(saved_target / "target"),
+                   "--methods", "sdpa,static_compile,plain_graph,longspec",
                    "--datasets", "code_completion,summarization", "--buckets", "2048", "--per-bucket", "1",
                    "--max-new-tokens", "6", "--dtype", "fp32", "--device", "cpu",
                    "--data-dir", str(saved_target / "data"), "--out", str(out)])
     assert status == 0
     report = json.loads((out / "bench.json").read_text())
-    assert [r["prompt_id"] for r in report["rows"]] == ["c0"] * 3 + ["s0"] * 3  # shortest prompt first
-    assert len((out / "rows.jsonl").read_text().splitlines()) == 6
+    assert [r["prompt_id"] for r in report["rows"]] == ["c0"] * 4 + ["s0"] * 4  # shortest prompt first
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 8
     assert all(r["new_tokens"] and r["error"] is None for r in report["rows"])
-    warmed = [r for r in report["rows"] if r["method"] in ("static_compile", "longspec")]  # untimed warm-up first
-    assert len(warmed) == 4 and all(r["compile_s"] > 0 and r["identical"] is not None for r in warmed)
+    warmed = [r for r in report["rows"] if r["method"] in ("static_compile", "plain_graph", "longspec")]
+    assert len(warmed) == 6 and all(r["compile_s"] > 0 and r["identical"] is not None for r in warmed)  # untimed first
+    assert all(r["identical"] and r["tau"] == 1.0 for r in warmed if r["method"] == "plain_graph")
     assert report["meta"]["args"]["max_new_tokens"] == 6 and "T(N) - T(1)" in report["meta"]["decode_clock"]
     assert (out / "decode_tok_s.png").stat().st_size > 0 and (out / "tau.png").stat().st_size > 0
-    assert "| longspec | all |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| longspec | all |" in printed and "per LongSpec step:" in printed
+    rows = {(r["method"], r["prompt_id"]): r for r in report["rows"]}
+
+    def predicted(prompt_id):  # tau x (plain loop's ms per token) / (LongSpec's ms per step)
+        spec, plain = rows["longspec", prompt_id], rows["plain_graph", prompt_id]
+        step_ms = 1e3 * (spec["draft_s_per_step"] + spec["verify_s_per_step"] + spec["other_s_per_step"])
+        return spec["tau"] * (1e3 / plain["decode_tok_s"]) / step_ms
+
+    steps = {a["method"]: a["step"] for a in report["aggregates"] if a["bucket"] == 2048}
+    assert steps["sdpa"] is None and steps["plain_graph"] is None and steps["static_compile"] is None
+    s = steps["longspec"]  # bucket 2048 holds c0 and s0 (a median of two is their mean); a 1-token run has no clock
+    timed = [predicted(p) for p in ("c0", "s0") if rows["plain_graph", p]["decode_tok_s"]]
+    assert timed and s["draft_ms"] > 0 and s["verify_ms"] > 0 and s["other_ms"] is not None and s["plain_token_ms"] > 0
+    assert s["predicted_ratio"] == pytest.approx(sum(timed) / len(timed))
+    assert s["measured_ratio"] == pytest.approx([a for a in report["aggregates"] if a["method"] == "longspec"
+                                                 and a["bucket"] == 2048][0]["speedup_over"]["plain_graph"])
     (out / "tau.png").unlink()
     assert bench_report.main([str(out)]) == 0 and (out / "tau.png").exists()  # rebuilds a (cut-short) report
 
@@ -131,6 +150,7 @@ def test_cli_end_to_end(saved_target, capsys):
     (["--variant", "broken"], "NAME=BASE:JSON"),
     (["--datasets", "nosuch"], "nosuch.jsonl not found"),
     (["--target", "/no/such/model"], "not a model folder"),
+    (["--device", "gpu0"], "--device takes cpu, cuda or cuda:N"),
 ])
 def test_cli_user_errors_print_one_line(saved_target, capsys, argv, message):
     base = {"--target": str(saved_target / "target"), "--data-dir": str(saved_target / "data"),
@@ -163,5 +183,32 @@ def test_micro_attention_smoke(tmp_path):
 
 def test_eval_lossless_uses_the_shared_helpers():
     module = _load(TESTS.parent / "benchmarks" / "eval_lossless.py")
-    assert module.top2_logits.__module__ == "transformers_longspec.bench"
-    assert module.select_eval_rows.__module__ == "transformers_longspec.bench"
+    assert module.top2_logits.__module__ == "transformers_longspec.bench.exactness"
+    assert module.select_eval_rows.__module__ == "transformers_longspec.bench.prompts"
+
+
+def test_cpu_defaults_to_fp32_and_a_cut_context_is_labelled_by_its_length(saved_target):
+    out = saved_target / "cut"
+    assert main(["bench", "--target", str(saved_target / "target"), "--methods", "sdpa,plain_graph",
+                 "--datasets", "code_completion", "--buckets", "2048,4096", "--max-context", "40",
+                 "--max-new-tokens", "3", "--device", "cpu", "--data-dir", str(saved_target / "data"),
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert report["meta"]["args"]["dtype"] == "fp32"
+    assert {r["bucket"] for r in report["rows"]} == {40} and {r["prompt_tokens"] for r in report["rows"]} == {40}
+    assert {a["bucket"] for a in report["aggregates"]} == {40, "all"}
+
+
+def test_a_method_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    aggregates = [{"method": m, "bucket": b, "median_decode_tok_s": 10.0, "median_tau": None if m == "static" else 1.5}
+                  for m in ("sdpa", "static", "longspec") for b in (64, 256, "all")]
+    drawn = []  # per PNG: {label: colour} of its lines
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: drawn.append(
+        {line.get_label(): line.get_color() for line in fig.axes[0].lines}))
+    plot_report({"aggregates": aggregates, "meta": {"device": "cpu", "commit": None}}, tmp_path)
+    speed, tau = drawn
+    assert set(speed) == {"sdpa", "static", "longspec"} and set(tau) == {"sdpa", "longspec"}  # static: no τ
+    assert len(set(speed.values())) == 3 and all(tau[m] == speed[m] for m in tau)
+    assert method_colours(aggregates) == speed

@@ -167,6 +167,5 @@ def test_bundled_draft_is_in_the_hub_layout(tmp_path):
     draft.save_pretrained(regenerated)
     assert (regenerated / "README.md").read_text() == (DEFAULT_DRAFT_DIR / "README.md").read_text(), (
         "the bundled model card is stale; refresh it (weights stay bit-identical) with: python -c 'from "
-        "transformers_longspec.hub import resave_draft_folder as r; from transformers_longspec.demo import "
-        "DEFAULT_DRAFT_DIR as d; r(d)'"
+        "transformers_longspec.demo import resave_draft_folder as r, DEFAULT_DRAFT_DIR as d; r(d)'"
     )

@@ -13,7 +13,11 @@ MODULES = [
     "transformers_longspec.cache", "transformers_longspec.tree", "transformers_longspec.verification",
     "transformers_longspec.attention", "transformers_longspec.generation", "transformers_longspec.compat",
     "transformers_longspec.demo", "transformers_longspec.kernels", "transformers_longspec.trainers",
-    "transformers_longspec.bench", "transformers_longspec.bench_report", "transformers_longspec.cli_bench",
+    "transformers_longspec.bench", "transformers_longspec.bench.harness", "transformers_longspec.bench.methods",
+    "transformers_longspec.bench.plain_graph", "transformers_longspec.bench.prompts",
+    "transformers_longspec.bench.exactness", "transformers_longspec.bench.report", "transformers_longspec.cli",
+    "transformers_longspec.cli.models", "transformers_longspec.cli.generate", "transformers_longspec.cli.train",
+    "transformers_longspec.cli.bench",
     "transformers_longspec.checkpoint", "transformers_longspec.hub", "transformers_longspec.model_cards",
 ]
 

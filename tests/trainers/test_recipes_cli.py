@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from transformers_longspec import LongSpecDraft
-from transformers_longspec.cli_train import add_train_parser
+from transformers_longspec.cli.train import add_train_parser
 from transformers_longspec.trainers.recipes import build_datasets, build_training_arguments, list_recipes, load_recipe
 
 from tiny_models import make_target

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["add_train_parser", "check_draft_option", "load_target", "run_train"]
+from .models import check_draft_option, load_target
+
+__all__ = ["add_train_parser", "run_train"]
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
@@ -70,50 +72,6 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                    help="override a data setting of the recipe, e.g. --set-data max_sequences=64")
     p.set_defaults(func=run_train)
     return p
-
-
-def load_target(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """Load the target model and tokenizer named on the command line.
-
-    Args:
-        spec: an HF model folder, a `.gguf` file (needs the `gguf` package), or "smollm2".
-        dtype: weights dtype.
-        device: "cpu" or "cuda".
-    Returns: (model in eval mode, tokenizer).
-    Raises: FileNotFoundError if the path does not exist; ImportError naming the package to install.
-    Reference: transformers `AutoModelForCausalLM.from_pretrained` (`gguf_file=`).
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if spec == "smollm2":
-        from .demo import load_smollm2
-
-        return load_smollm2(dtype=dtype, device=device)
-    path = Path(spec)
-    if path.suffix == ".gguf" and path.is_file():
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-    elif path.is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    else:
-        raise FileNotFoundError(f"--target {spec!r}: not a model folder, a .gguf file, or 'smollm2'")
-    return model.to(device).eval(), tokenizer
-
-
-def check_draft_option(path: str) -> None:
-    """Raise ValueError naming `--draft` unless `path` is a saved LongSpec draft folder or a Hub id (cheap: no load).
-
-    Raises: ValueError (a missing path, a file, a folder without a LongSpec config.json).
-    """
-    from .checkpoint import local_draft_folder, read_draft_config
-
-    try:
-        folder = local_draft_folder(path)
-        if folder is not None:
-            read_draft_config(folder)
-    except ValueError as err:
-        raise ValueError(f"--draft {path!r}: {err}") from None
 
 
 def _check_train_args(args) -> None:

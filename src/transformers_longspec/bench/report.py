@@ -3,7 +3,10 @@
 Aggregates (per method label × bucket, and over all buckets as bucket "all"): median decode tokens/s, median τ,
 median peak memory, exactness counts of greedy methods against `sdpa`, and for every baseline method measured in
 the same run (same temperature) the median over prompts of the per-prompt ratio decode_tok_s(method) /
-decode_tok_s(baseline) — ratios are taken prompt by prompt, never across runs.
+decode_tok_s(baseline) — ratios are taken prompt by prompt, never across runs. For LongSpec methods, the step
+breakdown: median draft / verify / other ms per step, the plain loop's (`plain_graph`) ms per token on the same
+prompts, and the predicted ratio τ × (plain token ms) / (step ms), to read beside the measured ratio over
+`plain_graph` (`speedup_over`).
 
 Reference: STYLE.md B19 (side by side in one process, ratio + τ reported); LongSpec (arXiv 2502.17421) §5.
 """
@@ -21,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from .bench import DECODE_CLOCK, REFERENCE, TAU_DEFINITION, BenchRow
+from .harness import DECODE_CLOCK, REFERENCE, TAU_DEFINITION, BenchRow
 
 ALL_BUCKETS = "all"
+PLAIN_LOOP = "plain_graph"  # the plain baseline a LongSpec step is held against
 
 
 def _median(values) -> float | None:
@@ -46,6 +50,40 @@ def _speedups(group: list[BenchRow], rows: list[BenchRow]) -> dict[str, float]:
     return out
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1e3 * seconds
+
+
+def step_breakdown(group: list[BenchRow], rows: list[BenchRow]) -> dict | None:
+    """Per-step costs of a LongSpec method × bucket beside the plain loop's token, or None for other methods.
+
+    Args:
+        group: rows of one method and bucket. rows: every row of the run (for the `plain_graph` rows).
+    Returns: {"draft_ms", "verify_ms", "other_ms", "step_ms": medians per step (ms); "plain_token_ms": median of
+        1000 / decode_tok_s of `plain_graph` on the same prompts (None if it did not run); "predicted_ratio":
+        median per prompt of τ × plain_token_ms / step_ms; "measured_ratio": median per prompt of decode_tok_s /
+        decode_tok_s(plain_graph)}.
+    """
+    steps = [r for r in group if r.draft_s_per_step is not None]
+    if not steps:
+        return None
+    plain = {r.prompt_id: r.decode_tok_s for r in rows if r.method == PLAIN_LOOP and r.decode_tok_s}  # tok/s
+
+    def step_s(r: BenchRow) -> float:
+        return r.draft_s_per_step + r.verify_s_per_step + r.other_s_per_step
+
+    mine = [r for r in steps if r.prompt_id in plain]
+    return {
+        "draft_ms": _ms(_median(r.draft_s_per_step for r in steps)),
+        "verify_ms": _ms(_median(r.verify_s_per_step for r in steps)),
+        "other_ms": _ms(_median(r.other_s_per_step for r in steps)),
+        "step_ms": _ms(_median(step_s(r) for r in steps)),
+        "plain_token_ms": _median(1e3 / plain[r.prompt_id] for r in mine),
+        "predicted_ratio": _median(r.tau / (plain[r.prompt_id] * step_s(r)) for r in mine if r.tau),
+        "measured_ratio": _median(r.decode_tok_s / plain[r.prompt_id] for r in mine if r.decode_tok_s),
+    }
+
+
 def _summarise(method: str, bucket, group: list[BenchRow], rows: list[BenchRow]) -> dict:
     ran = [r for r in group if r.new_tokens is not None]
     compared = [r for r in ran if r.identical is not None]
@@ -64,6 +102,7 @@ def _summarise(method: str, bucket, group: list[BenchRow], rows: list[BenchRow])
         "compared": len(compared),
         "mismatches": len(mismatched),
         "near_tie_mismatches": sum(1 for r in mismatched if r.near_tie),
+        "step": step_breakdown(ran, rows),
     }
 
 
@@ -74,7 +113,8 @@ def aggregate(rows: list[BenchRow]) -> list[dict]:
         rows: `run_bench` rows.
     Returns: list of dicts with method, temperature, bucket, prompts, not_run, median_decode_tok_s, median_tau,
         median_peak_memory_bytes, median_prefill_s, speedup_over {baseline: ratio}, compared, mismatches,
-        near_tie_mismatches; in method order of first appearance, buckets ascending.
+        near_tie_mismatches, step (`step_breakdown`, None for methods without LongSpec steps); in method order
+        of first appearance, buckets ascending.
     """
     methods = list(dict.fromkeys(r.method for r in rows))
     out = []
@@ -129,8 +169,24 @@ def _fmt(value, spec: str = ".1f") -> str:
     return "–" if value is None else format(value, spec)
 
 
+def format_step_table(aggregates: list[dict]) -> str:
+    """A markdown table of the LongSpec step breakdown per method × bucket ("" when no method has steps)."""
+    head = ["method", "bucket", "draft ms", "verify ms", "other ms", "step ms", "τ", f"{PLAIN_LOOP} ms/token",
+            "predicted ×", "measured ×"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for a in aggregates:
+        s = a.get("step")
+        if s:
+            cells = [a["method"], str(a["bucket"]), *[_fmt(s[k], ".2f") for k in ("draft_ms", "verify_ms", "other_ms",
+                     "step_ms")], _fmt(a["median_tau"], ".2f"), _fmt(s["plain_token_ms"], ".2f"),
+                     _fmt(s["predicted_ratio"], ".2f"), _fmt(s["measured_ratio"], ".2f")]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def format_table(aggregates: list[dict]) -> str:
-    """A markdown table of the aggregates: one line per method × bucket, one `×BASELINE` column per baseline.
+    """A markdown table of the aggregates: one line per method × bucket, one `×BASELINE` column per baseline;
+    then, for LongSpec methods, the step breakdown (`format_step_table`).
 
     A `×B` cell is the median per-prompt ratio decode_tok_s(method) / decode_tok_s(B); "–" where not measured.
     """
@@ -142,11 +198,21 @@ def format_table(aggregates: list[dict]) -> str:
         cells = [a["method"], str(a["bucket"]), str(a["prompts"]), _fmt(a["median_decode_tok_s"]),
                  _fmt(a["median_tau"], ".2f"), *[_fmt(a["speedup_over"].get(b), ".2f") for b in bases], exact]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    steps = format_step_table(aggregates)
+    return "\n".join(lines) + (f"\n\nper LongSpec step:\n{steps}" if steps else "")
+
+
+def method_colours(aggregates: list[dict]) -> dict[str, str]:
+    """One matplotlib colour per method label, in order of first appearance (tab10, then tab20 beyond ten), so that a
+    method has the same colour in every plot, also where it has no point (e.g. no τ)."""
+    methods = list(dict.fromkeys(a["method"] for a in aggregates))
+    cycle = [f"C{i}" for i in range(10)] if len(methods) <= 10 else [f"tab20:{i}" for i in range(20)]
+    return {m: cycle[i % len(cycle)] for i, m in enumerate(methods)}
 
 
 def plot_report(report: dict, out_dir: str | Path) -> list[Path]:
-    """Two PNGs: median decode tokens/s and median τ against the length bucket, one line per method.
+    """Two PNGs: median decode tokens/s and median τ against the length bucket, one line per method, each method in
+    its own colour in both (`method_colours`).
 
     Args:
         report: a `build_report` document. out_dir: existing folder.
@@ -163,6 +229,7 @@ def plot_report(report: dict, out_dir: str | Path) -> list[Path]:
     per_bucket = [a for a in report["aggregates"] if a["bucket"] != ALL_BUCKETS]
     buckets = sorted({a["bucket"] for a in per_bucket})
     x = {b: i for i, b in enumerate(buckets)}
+    colours = method_colours(per_bucket)
     paths = []
     for key, ylabel, name in [("median_decode_tok_s", "decode tokens/s (median)", "decode_tok_s.png"),
                               ("median_tau", "τ (tokens per target forward, median)", "tau.png")]:
@@ -170,7 +237,7 @@ def plot_report(report: dict, out_dir: str | Path) -> list[Path]:
         for method in dict.fromkeys(a["method"] for a in per_bucket):
             points = [(x[a["bucket"]], a[key]) for a in per_bucket if a["method"] == method and a[key] is not None]
             if points:
-                ax.plot(*zip(*points), marker="o", label=method)
+                ax.plot(*zip(*points), marker="o", label=method, color=colours[method])
         ax.set_xticks(range(len(buckets)), [str(b) if b else "short" for b in buckets])
         ax.set_xlabel("context bucket (tokens)")
         ax.set_ylabel(ylabel)
@@ -194,7 +261,7 @@ def write_report(report: dict, out_dir: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m transformers_longspec.bench_report OUT_DIR`: recompute the aggregates of `OUT_DIR/bench.json`
+    """`python -m transformers_longspec.bench.report OUT_DIR`: recompute the aggregates of `OUT_DIR/bench.json`
     (e.g. one cut short), rewrite it, redraw the plots and print the table. Returns the exit status."""
     import argparse
 
@@ -210,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["aggregate", "build_report", "environment", "format_table", "main", "plot_report", "write_report"]
+__all__ = ["PLAIN_LOOP", "aggregate", "build_report", "environment", "format_step_table", "format_table", "main",
+           "method_colours", "plot_report", "step_breakdown", "write_report"]
 
 
 if __name__ == "__main__":

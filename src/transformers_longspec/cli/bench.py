@@ -9,7 +9,7 @@ aggregates), `decode_tok_s.png` and `tau.png` into `--out`, and prints a markdow
 `add_bench_parser(subparsers)` to register the command; user mistakes raise ValueError / FileNotFoundError /
 ImportError before any model loads where possible (the CLI prints them in one line and exits with status 2).
 
-Reference: `transformers_longspec.bench` (what is measured and how).
+Reference: `transformers_longspec.bench.harness` (what is measured and how).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .bench import (
+from ..bench import (
     METHODS,
     BenchConfig,
     BenchModels,
@@ -32,10 +32,11 @@ from .bench import (
     run_bench,
     select_eval_rows,
 )
-from .bench_report import build_report, format_table, plot_report, write_report
+from ..bench.report import build_report, format_table, plot_report, write_report
+from .models import load_draft, load_target
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DEFAULT_METHODS = "sdpa,eager,static_compile,assisted,prompt_lookup,longspec"
+DEFAULT_METHODS = "sdpa,eager,static_compile,plain_graph,assisted,prompt_lookup,longspec"
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -48,9 +49,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     """
     p = subparsers.add_parser(
         "bench", help="benchmark every decoding method side by side on real long prompts",
-        description="Run vanilla generate (sdpa, eager, static cache + compile), HF assisted generation, prompt "
-        "lookup and LongSpec (greedy and sampling) on the same prompts and the same loaded target; report decode "
-        "tokens/s (prefill excluded), tau, exactness against sdpa, peak memory; write JSON + plots.")
+        description="Run vanilla generate (sdpa, eager, static cache + compile), a static-cache greedy loop replayed "
+        "from a CUDA graph (plain_graph, the strongest plain baseline), HF assisted generation, prompt lookup and "
+        "LongSpec (greedy and sampling) on the same prompts and the same loaded target; report decode tokens/s "
+        "(prefill excluded), tau, exactness against sdpa, peak memory; write JSON + plots.")
     p.add_argument("--target", required=True, help="HF model folder, a .gguf file, or 'smollm2'")
     p.add_argument("--draft", help="saved LongSpec draft folder (default: bundled if it fits, else untrained)")
     p.add_argument("--assistant", help="small model (folder or .gguf) for HF assisted generation; without it "
@@ -63,7 +65,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    "--methods)")
     p.add_argument("--temperatures", default="1.0", help="sampling temperatures for sample / longspec_sample")
     p.add_argument("--datasets", default="code_completion,summarization",
-                   help="jsonl stems in the data folder: code_completion, summarization, math_reasoning")
+                   help="jsonl stems in the data folder: code_completion, summarization, math_reasoning, and heldout "
+                   "(C/C++ completion and prose summaries absent from training: benchmarks/build_heldout.py writes "
+                   ".evaldata/heldout.jsonl; pass --data-dir .evaldata or set LONGSPEC_EVAL_DIR)")
     p.add_argument("--buckets", default="8192,16384,30000",
                    help="context buckets (tokens) to take prompts from (default 8192,16384,30000; --per-bucket "
                    "prompts per dataset and bucket; on a CPU try --buckets 8192 --max-context 256 --max-new-tokens 8)")
@@ -73,7 +77,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated per call (default 256)")
     p.add_argument("--data-dir", help="folder of the evaluation jsonl files (default $LONGSPEC_EVAL_DIR or "
                    "shared/data/eval beside the checkout)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weights dtype (default bf16)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="weights dtype (default: bf16 on CUDA, fp32 on a CPU, where bf16 is slow)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     p.add_argument("--seed", type=int, default=0, help="torch.manual_seed before every generate call")
     p.add_argument("--near-tie-gap", type=float, default=0.25,
@@ -121,9 +126,6 @@ def _needs(config: BenchConfig, what: str) -> bool:
 
 
 def _load_models(args, config: BenchConfig) -> tuple[BenchModels, object]:
-    from .cli import load_draft
-    from .cli_train import load_target
-
     target, tokenizer = load_target(args.target, DTYPES[args.dtype], args.device)
     draft = load_draft(args.draft, target) if _needs(config, "draft") else None
     assistant = None
@@ -141,6 +143,12 @@ def run_bench_command(args) -> dict:
     Raises: ValueError / FileNotFoundError / ImportError for user mistakes (unknown method, bad list, missing data
         file, model path or matplotlib), before loading any model.
     """
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device takes cpu, cuda or cuda:N, got {args.device!r}") from None
+    if args.dtype is None:  # bf16 on a CPU is emulated (and GGUF targets load fastest in fp32)
+        args.dtype = "bf16" if device.type == "cuda" else "fp32"
     config = _config(args)
     datasets, buckets = _split(args.datasets, str, "--datasets"), _split(args.buckets, int, "--buckets")
     for name in datasets:  # a missing file fails now, not after minutes of loading
