@@ -202,7 +202,7 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
                 handle.writelines(json.dumps(r) + "\n" for r in new)
     if skipped:
         warnings.warn(f"generate_answers: time budget of {time_budget_s} s reached; {skipped} of {len(prompt_ids)} "
-                      "prompts have no answer (raise time_budget_s or lower num_prompts)", stacklevel=2)
+                      "prompts have no answer (raise time_budget_s or lower num_prompts)", stacklevel=3)
     return [cache.get(k) for k in keys]
 
 
