@@ -11,7 +11,8 @@ Training data (`corpus.py`, `mix.py`, `chat_distill.py`): code of several langua
 packages and the system's docs, long rows, and the target's own chat answers, evaluation material refused
 (`exclusions.py`); the `mix` recipe source builds it all. Recipes for the three training stages are in
 `trainers/recipes/` (see its README.md); the `longspec train` command runs them. Multi-GPU training
-(`accelerate launch` with FSDP or DeepSpeed; the frozen target is sharded by the trainer): `trainers/distributed/README.md`.
+(`accelerate launch` with FSDP or DeepSpeed; the frozen target is sharded by the trainer):
+`trainers/distributed/README.md`.
 
 Reference: LongSpec (arXiv 2502.17421) §3.2 and §4.1.
 """
