@@ -163,6 +163,15 @@ def roff_to_text(source: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
+def _looks_like_prose(text: str, sample: int = 4000) -> bool:
+    """True when at least 75% of the first `sample` characters are letters, spaces or common punctuation."""
+    head = text[:sample]
+    if not head:
+        return False
+    wordy = sum(c.isalpha() or c.isspace() or c in ".,;:'\"()-" for c in head)
+    return wordy >= 0.75 * len(head)
+
+
 def _docstrings(source: str) -> str:
     """The module, class and function docstrings of a Python file, joined with their qualified names."""
     try:
@@ -196,6 +205,8 @@ def _read(path: Path, kind: str) -> str | None:
         return None
     if kind != "docs":
         return text
+    if path.suffix.lower() in (".txt", ".gz") and not _looks_like_prose(text):
+        return None  # numeric tables and test data shipped as .txt
     if path.name == "METADATA":
         return _metadata_readme(text)
     if path.suffix == ".py":

@@ -1,5 +1,7 @@
 """The training levers of issue 12 on tiny targets: soft distillation, init from the target, long / mixed rows."""
 
+import json
+
 import pytest
 import torch
 
@@ -93,3 +95,23 @@ def test_mixed_items_with_long_and_chat_rows_train(tmp_path, fake_site):
     assert after < before - 0.2, (before, after)
     with pytest.raises(ValueError, match="per_device_train_batch_size=1"):
         StepCollator()(train[:2])
+
+
+def test_mix_recipe_builds_step_items_and_checks_its_settings(tmp_path, fake_site):
+    from transformers_longspec.trainers.recipes import build_datasets, load_recipe
+
+    recipe = load_recipe("qwen2.5-coder-1.5b-mix")
+    assert recipe.training_arguments["per_device_train_batch_size"] == 1 and recipe.data.mix["chat_prompts"] > 0
+    path = tmp_path / "mix.json"
+    mix = {"short_rows": 8, "short_seq_length": 32, "short_rows_per_step": 4, "roots": [str(fake_site)],
+           "min_chars": 100, "system_docs": False, "eval_items": 0}
+    path.write_text(json.dumps({"data": {"source": "mix", "format": "mix", "mix": mix}}))
+    train, held, collator = build_datasets(load_recipe(path).data, make_char_tokenizer())
+    assert isinstance(collator, StepCollator) and held is None
+    assert [tuple(item["input_ids"].shape) for item in train] == [(4, 32), (4, 32)]
+    path.write_text(json.dumps({"data": {"source": "mix", "format": "mix", "mix": {"short_row": 8}}}))
+    with pytest.raises(ValueError, match="short_row"):
+        load_recipe(path)
+    path.write_text(json.dumps({"data": {"source": "mix", "format": "packed"}}))
+    with pytest.raises(ValueError, match="go together"):
+        load_recipe(path)
