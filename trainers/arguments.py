@@ -32,6 +32,10 @@ class LongSpecTrainingArguments(TrainingArguments):
         distill_labels (`bool`): self-distillation — supervise each position with the target's own greedy next
             token (argmax of its logits there, `target_greedy_labels`) instead of the text's next token; greedy
             acceptance is agreement with that argmax. Evaluation losses then measure that agreement too.
+        soft_labels_topk (`int`): soft distillation: also train on the target's top-k next-token distribution
+            (renormalised over its k largest logits, `soft_labels.py`); 0 = off. 8-32 covers what a tree proposes.
+        soft_labels_weight (`float`): weight w of the soft loss: loss = (1 - w) * hard CE + w * soft CE (1 = soft
+            only). The hard labels are the text's or, with `distill_labels`, the target's argmax.
         loss_chunk_size (`int`): positions per LM-head chunk in the loss (bounds the logits memory: one chunk of
             logits is alive at a time, the backward pass recomputes each).
         target_sharding (`str`): "auto" shards the frozen target over the processes with FSDP2 when the draft
@@ -41,7 +45,8 @@ class LongSpecTrainingArguments(TrainingArguments):
             `messages`) that the draft's `forward` does not take.
 
     Raises: ValueError from `__post_init__` for a negative sink count, non-positive lengths, `noise_max` < 1, an
-        unknown `target_sharding` or `remove_unused_columns=True`.
+        unknown `target_sharding`, `soft_labels_topk` < 0, `soft_labels_weight` outside [0, 1] or
+        `remove_unused_columns=True`.
     Reference: LongSpec §3.2 (Alg. 1 anchor-offset, Alg. 2 flash noisy training); transformers `TrainingArguments`.
     """
 
@@ -74,6 +79,14 @@ class LongSpecTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Self-distillation: train on the target's greedy next token instead of the text's."},
     )
+    soft_labels_topk: int = field(
+        default=0,
+        metadata={"help": "Soft distillation: KL to the target's top-k next-token distribution (k tokens; 0 = off)."},
+    )
+    soft_labels_weight: float = field(
+        default=1.0,
+        metadata={"help": "Soft loss weight w: (1 - w) * hard CE + w * soft CE (when soft_labels_topk > 0)."},
+    )
     loss_chunk_size: int = field(
         default=2048, metadata={"help": "Positions per LM-head chunk in the draft loss (bounds logits memory)."}
     )
@@ -102,6 +115,10 @@ class LongSpecTrainingArguments(TrainingArguments):
             raise ValueError(f"noise_max must be >= 1 (1 = no noise, 4 in the paper), got {self.noise_max}")
         if self.target_sharding not in TARGET_SHARDING_MODES:
             raise ValueError(f"target_sharding must be one of {TARGET_SHARDING_MODES}, got {self.target_sharding!r}")
+        if self.soft_labels_topk < 0:
+            raise ValueError(f"soft_labels_topk must be >= 0 (0 = off, 8-32 typical), got {self.soft_labels_topk}")
+        if not 0.0 <= self.soft_labels_weight <= 1.0:
+            raise ValueError(f"soft_labels_weight must be in [0, 1] (1 = soft only), got {self.soft_labels_weight}")
         if self.loss_chunk_size < 1:
             raise ValueError(f"loss_chunk_size must be >= 1, got {self.loss_chunk_size}")
         super().__post_init__()
@@ -112,6 +129,7 @@ LONGSPEC_DEFAULTS = {
     name: LongSpecTrainingArguments.__dataclass_fields__[name].default
     for name in (
         "anchor_offset", "anchor_sinks", "anchor_max_length", "max_position", "noisy_training", "noise_max",
-        "index_seed", "distill_labels", "loss_chunk_size", "target_sharding",
+        "index_seed", "distill_labels", "soft_labels_topk", "soft_labels_weight", "loss_chunk_size",
+        "target_sharding",
     )
 }

@@ -2,8 +2,8 @@
 
 The project's evaluation material must never be trained on: the CPython standard library, State of the Union
 addresses, CHAMP, the Debian Policy Manual and llama.cpp / ggml sources. `python_package_sources` therefore
-refuses standard-library module names and llama.cpp-derived packages, and skips any file under the
-interpreter's standard-library folders (except their `site-packages` / `dist-packages`).
+refuses standard-library module names and llama.cpp-derived packages, and skips every file that `exclusions.py`
+recognises as evaluation material. `corpus.py` reads more kinds (C/C++, other languages, docs, man pages).
 
 Reference: LongSpec (arXiv 2502.17421) §4.1 (training data); DESIGN.md §5 (what we may train on).
 """
@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import importlib.util
 import random
-import sys
-import sysconfig
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 
-__all__ = ["EXCLUDED_PACKAGES", "python_package_sources", "self_distill_texts", "source_snippet_prompts"]
+from .exclusions import EXCLUDED_PACKAGES, evaluation_reason, refuse_package
 
-# llama.cpp / ggml sources are evaluation material (gguf-py lives in the llama.cpp repository).
-EXCLUDED_PACKAGES = ("gguf", "llama_cpp", "ggml")
-_EXCLUDED_PATH_PARTS = ("llama.cpp", "llama_cpp", "ggml", "gguf")
+__all__ = ["EXCLUDED_PACKAGES", "python_package_sources", "self_distill_texts", "source_snippet_prompts"]
 
 _PROMPT_TASKS = (
     "Explain what the following Python code does, step by step.",
@@ -32,31 +28,9 @@ _PROMPT_TASKS = (
 )
 
 
-def _stdlib_roots() -> list[Path]:
-    paths = sysconfig.get_paths()
-    return sorted({Path(paths[key]).resolve() for key in ("stdlib", "platstdlib") if paths.get(key)})
-
-
-def _is_excluded(path: Path, stdlib_roots: list[Path]) -> bool:
-    """True for standard-library files (outside site-/dist-packages) and llama.cpp / ggml sources."""
-    resolved = path.resolve()
-    parts = resolved.parts
-    if any(excluded in part for part in parts for excluded in _EXCLUDED_PATH_PARTS):
-        return True
-    in_packages = "site-packages" in parts or "dist-packages" in parts
-    return not in_packages and any(resolved.is_relative_to(root) for root in stdlib_roots)
-
-
 def _package_files(name: str, extensions: Sequence[str]) -> list[Path]:
     """Source files of installed package `name`, sorted. Raises ValueError for stdlib / excluded / missing names."""
-    top = name.split(".")[0]
-    if top in sys.stdlib_module_names:
-        raise ValueError(
-            f"'{name}' is part of the Python standard library, which is evaluation material; "
-            "train on third-party packages instead (e.g. torch, transformers, numpy)"
-        )
-    if top in EXCLUDED_PACKAGES:
-        raise ValueError(f"'{name}' comes from llama.cpp/ggml, which is evaluation material; pick another package")
+    refuse_package(name)
     spec = importlib.util.find_spec(name)
     if spec is None:
         raise ValueError(f"package '{name}' is not installed here; pip install it or remove it from the list")
@@ -87,7 +61,6 @@ def python_package_sources(
     Raises: ValueError for a standard-library or llama.cpp-derived name, or a package that is not installed.
     Reference: DESIGN.md §5 (installed packages are allowed training text; the stdlib is not).
     """
-    stdlib_roots = _stdlib_roots()
     files = [f for name in packages for f in _package_files(name, extensions)]
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(files)
@@ -95,7 +68,7 @@ def python_package_sources(
     for path in files:
         if max_documents is not None and count >= max_documents:
             return
-        if _is_excluded(path, stdlib_roots):
+        if evaluation_reason(path) is not None:
             continue
         try:
             text = path.read_text(encoding="utf-8")

@@ -7,6 +7,7 @@ Each step:
     K, V      = target's last-layer KV cache at `positions` # frozen target, no_grad, decoder only (no LM head)
     labels    = the target's greedy next tokens             # only with distill_labels (self-distillation)
     loss      = draft(input_ids, K, V, position_ids=positions, labels=labels, noise_offset=j).loss
+    loss      = (1 - w) * loss + w * soft CE to the target's top-k   # only with soft_labels_topk (soft_labels.py)
 
 Only `compute_loss` and `prediction_step` are overridden; batching, bf16 autocast, gradient accumulation,
 logging, evaluation, checkpointing and resuming are the `Trainer`'s. The target is held on the trainer (never a
@@ -35,6 +36,7 @@ from .anchor_offset import anchor_offset_position_ids
 from .arguments import LONGSPEC_DEFAULTS, LongSpecTrainingArguments
 from .noisy import sample_noise_offset
 from .sharding import shard_target, target_is_sharded, wants_target_sharding
+from .soft_labels import soft_distill_loss, target_topk
 
 __all__ = ["LongSpecTrainer", "save_trained_draft", "target_greedy_labels", "target_last_layer_kv", "unwrap_draft"]
 
@@ -174,17 +176,17 @@ class LongSpecTrainer(Trainer):
         noise = 1
         if training and self._option("noisy_training"):
             noise = sample_noise_offset(self._option("noise_max"), generator)
-        if self._option("distill_labels"):
-            keys, values, hidden = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask,
-                                                        return_hidden=True)
-            labels = target_greedy_labels(self.target_model, hidden, labels)
-            del hidden
-        else:
-            keys, values = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask)
+        keys, values, labels, top = self._target_pass(input_ids, position_ids, attention_mask, labels)
+        soft_weight = self._option("soft_labels_weight") if top is not None else 0.0
         outputs = model(
-            input_ids=input_ids, target_keys=keys, target_values=values, position_ids=position_ids, labels=labels,
-            noise_offset=noise, loss_chunk_size=self._option("loss_chunk_size"),
+            input_ids=input_ids, target_keys=keys, target_values=values, position_ids=position_ids,
+            labels=labels if soft_weight < 1.0 else None, noise_offset=noise,
+            loss_chunk_size=self._option("loss_chunk_size"),
         )
+        if top is not None:
+            soft = soft_distill_loss(unwrap_draft(model).lm_logits, outputs.hidden_states, *top, labels, noise,
+                                     self._option("loss_chunk_size"))
+            outputs["loss"] = soft if soft_weight >= 1.0 else (1.0 - soft_weight) * outputs.loss + soft_weight * soft
         loss = outputs.loss  # stays in the graph (zero) when a batch has no supervised token
         if training and not bool((labels[:, 1:] != -100).any()):
             logger.warning_once("LongSpecTrainer: a batch has no supervised tokens (all labels -100); check the data")
@@ -202,6 +204,28 @@ class LongSpecTrainer(Trainer):
         return loss.detach(), None, None
 
     # ------------------------------------------------------------------ helpers (not Trainer hooks)
+    def _target_pass(self, input_ids, position_ids, attention_mask, labels):
+        """The frozen target's last-layer K/V, the labels to train on, and its top-k (soft distillation) or None.
+
+        One decoder pass; the LM head runs once more only when `distill_labels` or `soft_labels_topk` asks for it
+        (with both, the argmax labels are the first of the top-k).
+        Returns: (keys, values, labels (batch, seq) int64, (top logits, top ids) each (batch, seq, k) or None).
+        """
+        distill, topk = self._option("distill_labels"), self._option("soft_labels_topk")
+        if not distill and not topk:
+            keys, values = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask)
+            return keys, values, labels, None
+        keys, values, hidden = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask,
+                                                    return_hidden=True)
+        top = target_topk(self.target_model, hidden, topk) if topk else None
+        if distill and top is not None:
+            greedy = torch.full_like(labels, -100)
+            greedy[:, 1:] = top[1][:, :-1, 0]
+            labels = greedy.masked_fill(labels == -100, -100)
+        elif distill:
+            labels = target_greedy_labels(self.target_model, hidden, labels)
+        return keys, values, labels, top
+
     def _place_target(self) -> None:
         """Shard the target over the processes (`trainers/sharding.py`) or move a whole copy to `args.device`.
 

@@ -17,7 +17,7 @@ from transformers_longspec.trainers import (
     self_distill_texts,
     source_snippet_prompts,
 )
-from transformers_longspec.trainers.sources import _is_excluded, _stdlib_roots
+from transformers_longspec.trainers.exclusions import evaluation_reason
 
 from tiny_models import make_target
 from trainer_helpers import make_char_tokenizer
@@ -98,7 +98,7 @@ def test_package_sources_refuse_evaluation_material():
         next(python_package_sources(["gguf"]))
     with pytest.raises(ValueError, match="not installed"):
         next(python_package_sources(["no_such_package_xyz"]))
-    assert _is_excluded(Path(json.__file__), _stdlib_roots())
+    assert evaluation_reason(Path(json.__file__)) == "the CPython standard library"
 
 
 def test_package_sources_yield_third_party_files():

@@ -32,6 +32,7 @@ from ..data import (
     pack_texts,
     read_longbench_jsonl,
 )
+from ..mix import MixSpec, StepCollator, build_mix
 from ..sources import python_package_sources, self_distill_texts, source_snippet_prompts
 
 __all__ = [
@@ -45,8 +46,8 @@ __all__ = [
 ]
 
 RECIPE_DIR = Path(__file__).parent
-_FORMATS = ("packed", "text", "chat")
-_SOURCES = ("python_packages", "jsonl", "self_distill")
+_FORMATS = ("packed", "text", "chat", "mix")
+_SOURCES = ("python_packages", "jsonl", "self_distill", "mix")
 
 
 @dataclass
@@ -70,6 +71,9 @@ class DataSpec:
         num_prompts, max_new_tokens, generation_batch_size: self-distillation size (prompts, tokens per answer,
             prompts per `generate` call).
         seed: shuffling / prompt seed.
+        mix: for source / format "mix": the `MixSpec` fields (code of several languages, docs, long rows, chat
+            self-distillation, your own jsonl; `trainers/mix.py`). Its items are whole micro-batches: the recipe
+            needs per_device_train_batch_size = per_device_eval_batch_size = 1.
 
     Raises: ValueError from `__post_init__` for an unknown format/source, a chat format without a chat source, or a
         jsonl source without a path.
@@ -90,6 +94,7 @@ class DataSpec:
     max_new_tokens: int = 256
     generation_batch_size: int = 32
     seed: int = 0
+    mix: dict | None = None
 
     def __post_init__(self):
         if self.format not in _FORMATS:
@@ -98,6 +103,13 @@ class DataSpec:
             raise ValueError(f"data.source must be one of {_SOURCES}, got {self.source!r}")
         if self.source == "jsonl" and not self.path:
             raise ValueError("data.source 'jsonl' needs data.path (a .jsonl of text, messages or LongBench rows)")
+        if (self.source == "mix") != (self.format == "mix"):
+            raise ValueError("data.source 'mix' and data.format 'mix' go together (the mix builds its own rows)")
+        if self.source == "mix":
+            unknown = sorted(set(self.mix or {}) - {f.name for f in fields(MixSpec)})
+            if unknown:
+                raise ValueError(f"data.mix: unknown settings {unknown}; allowed: {[f.name for f in fields(MixSpec)]}")
+            MixSpec(**(self.mix or {}))  # validates (no I/O)
         if self.source == "self_distill" and self.format != "chat":
             raise ValueError("data.source 'self_distill' produces chats: use data.format 'chat'")
         if self.seq_length < 2 or self.eval_sequences < 0:
@@ -224,6 +236,10 @@ def build_datasets(spec: DataSpec, tokenizer, target=None):
     Raises: ValueError if no training rows remain, or "self_distill" is asked for without a target.
     Reference: LongSpec §4.1.
     """
+    if spec.source == "mix":
+        train_rows, eval_rows, summary = build_mix(MixSpec(**(spec.mix or {})), tokenizer, target)
+        print("longspec data: " + json.dumps({k: v for k, v in summary.items() if k != "spec"}))
+        return train_rows, eval_rows or None, StepCollator()
     if spec.source == "self_distill":
         if target is None:
             raise ValueError("data.source 'self_distill' needs the target model to generate answers")

@@ -1,0 +1,71 @@
+"""Chat self-distillation on a tiny target: chat template, batched answers = one-by-one greedy, cache, masks."""
+
+import json
+
+import pytest
+import torch
+
+from transformers_longspec.trainers.chat_distill import (
+    chat_distill_rows,
+    chat_prompts,
+    generate_answers,
+    render_prompts,
+)
+
+from tiny_models import make_char_tokenizer, make_target
+
+DOCS = [("python", "def add(a, b):\n    return a + b\n" * 20), ("docs", "Rivers carry water to the sea. " * 30)]
+
+
+def test_prompts_name_the_task_and_fence_code():
+    prompts = chat_prompts(DOCS, 6, prompt_chars=(40, 80), seed=3)
+    assert len(prompts) == 6
+    assert any("```python\n" in p for p in prompts) and any("Rivers carry" in p and "```" not in p for p in prompts)
+    assert all(p.split("\n")[0].endswith((".", ":")) for p in prompts)
+    with pytest.raises(ValueError, match="unknown chat tasks"):
+        chat_prompts(DOCS, 1, tasks=["translate"])
+
+
+def test_render_applies_the_chat_template():
+    tok = make_char_tokenizer()
+    ids = render_prompts(tok, ["hello"])[0]
+    assert tok.decode(ids) == "<s>user: hello</s><s>assistant: "
+    with pytest.raises(ValueError, match="chat template"):
+        render_prompts(make_char_tokenizer(chat_template=None), ["hello"])
+
+
+def test_batched_answers_equal_one_by_one_greedy_and_are_cached(tmp_path):
+    torch.set_num_threads(1)
+    target, tok = make_target("qwen2", seed=1), make_char_tokenizer()
+    prompt_ids = render_prompts(tok, ["hi", "a much longer question here", "mid size"])
+    cache = tmp_path / "answers.jsonl"
+    answers = generate_answers(target, tok, prompt_ids, max_new_tokens=6, batch_size=2, cache_path=cache)
+    for ids, answer in zip(prompt_ids, answers, strict=True):
+        alone = target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=6, pad_token_id=0,
+                                eos_token_id=2)[0, len(ids):].tolist()
+        end = alone.index(2) + 1 if 2 in alone else len(alone)
+        assert answer == alone[:end]  # left padding changes nothing; cut after the first EOS
+    assert len(cache.read_text().splitlines()) == 3
+
+    class NoGenerate:  # a second call must come from the cache alone
+        generation_config = target.generation_config
+
+        def parameters(self):
+            return target.parameters()
+
+        def generate(self, **_):
+            raise AssertionError("generate called although every answer is cached")
+
+    assert generate_answers(NoGenerate(), tok, prompt_ids, 6, 2, cache_path=cache) == answers
+    with pytest.warns(UserWarning, match="time budget of -1.0 s reached; 3 of 3 prompts"):
+        assert generate_answers(target, tok, prompt_ids, 6, 2, time_budget_s=-1.0) == [None, None, None]
+
+
+def test_rows_mask_the_prompt_or_label_everything():
+    rows = chat_distill_rows([[5, 6, 7], [8]], [[9, 2], None], loss="answer")
+    assert rows == [{"input_ids": [5, 6, 7, 9, 2], "labels": [-100, -100, -100, 9, 2]}]  # no answer: no row
+    rows = chat_distill_rows([[5, 6, 7]], [[9, 2]], loss="all", max_length=4)
+    assert rows == [{"input_ids": [6, 7, 9, 2], "labels": [6, 7, 9, 2]}]
+    with pytest.raises(ValueError, match="'answer'"):
+        chat_distill_rows([[5]], [[6]], loss="prompt")
+    json.dumps(rows)  # plain lists: cacheable

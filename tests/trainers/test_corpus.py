@@ -1,0 +1,97 @@
+"""The corpus builder: refuses and skips evaluation material, reads code of several languages and prose."""
+
+import gzip
+import itertools
+import json
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from transformers_longspec.trainers.corpus import (
+    CorpusStats,
+    corpus_documents,
+    repository_documents,
+    roff_to_text,
+)
+from transformers_longspec.trainers.exclusions import evaluation_reason, refuse_evaluation, text_evaluation_reason
+from transformers_longspec.trainers.mix import MixSpec, read_user_jsonl
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_refuses_evaluation_material_by_name_and_path(tmp_path):
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    with pytest.raises(ValueError, match="CPython standard library.*evaluation material"):
+        next(corpus_documents("python", roots=[stdlib]))
+    for folder, what in [("debian-policy", "Debian Policy Manual"), ("llama.cpp", "llama.cpp"),
+                         ("state_union", "State of the Union"), ("CHAMP", "CHAMP")]:
+        (tmp_path / folder).mkdir()
+        with pytest.raises(ValueError, match=what):
+            next(corpus_documents("docs", roots=[tmp_path / folder]))
+    eval_file = _write(tmp_path / "shared" / "data" / "eval" / "summarization.jsonl", '{"text": "x"}\n')
+    with pytest.raises(ValueError, match="evaluation sets"):
+        read_user_jsonl(eval_file)
+    with pytest.raises(ValueError, match="evaluation material"):
+        MixSpec(jsonl=[str(eval_file)])
+    with pytest.raises(ValueError, match="Debian Policy"):
+        refuse_evaluation("/usr/share/doc/debian-policy/policy.txt.gz")
+    assert evaluation_reason("/usr/share/doc/python3.11/README.gz") == "the CPython standard library"
+    assert evaluation_reason("/usr/share/doc/libelf1/changelog.gz") is None
+    assert text_evaluation_reason("The Debian Policy Manual, version 4.6") == "the Debian Policy Manual"
+
+
+def test_scan_skips_evaluation_material_and_reads_every_kind(fake_site):
+    stats = CorpusStats.empty()
+    docs = {kind: list(corpus_documents(kind, roots=[fake_site], min_chars=100, system_docs=False, stats=stats))
+            for kind in ("python", "c_cpp", "other_code", "docs")}
+    assert len(docs["python"]) == 1 and docs["python"][0].startswith("def add")
+    assert sorted(d[:10] for d in docs["c_cpp"]) == ["__global__", "template <"]
+    assert len(docs["c_cpp"]) == 2 and not any("llama" in d or "ggml" in d for d in docs["c_cpp"])
+    assert len(docs["other_code"]) == 1 and docs["other_code"][0].startswith("pub fn twice")
+    joined = "\n".join(docs["docs"])
+    assert "How to use pkg_b" in joined and "The README body." in joined  # shipped .md and the METADATA README
+    assert "Permission is hereby granted" not in joined  # licence boilerplate is not prose we want
+    assert "Packages must" not in joined and "State of the Union" not in joined
+    assert stats.skipped_evaluation["llama.cpp / ggml sources"] >= 2
+    assert stats.skipped_evaluation["the Debian Policy Manual"] >= 1
+    assert stats.skipped_evaluation["State of the Union addresses"] == 1  # found by its text
+
+
+def test_installed_packages_give_python_and_cpp_code():
+    python = list(itertools.islice(corpus_documents("python", min_chars=2000), 50))
+    cpp = list(itertools.islice(corpus_documents("c_cpp", min_chars=2000), 20))
+    assert len(python) == 50 and len(cpp) == 20
+    assert len({d[:200] for d in python}) == 50  # deduplicated, many packages
+    assert sum("#include" in d or "namespace" in d for d in cpp) >= 10
+
+
+def test_repository_documents_join_neighbouring_files(fake_site):
+    docs = list(repository_documents("c_cpp", roots=[fake_site], min_chars=1000, max_chars=5000))
+    assert docs and all(d.startswith("// File: ") and 1000 <= len(d) <= 5000 for d in docs)
+
+
+def test_roff_to_text_strips_requests_and_fonts(tmp_path):
+    page = '.TH LS 1\n.SH NAME\nls \\- list directory contents\n.SH DESCRIPTION\n\\fBls\\fR lists \\fIfiles\\fP.\n'
+    assert roff_to_text(page) == "NAME\nls - list directory contents\nDESCRIPTION\nls lists files."
+    man = tmp_path / "man" / "man1"
+    man.mkdir(parents=True)
+    (man / "ls.1.gz").write_bytes(gzip.compress((page + "More words here. " * 40).encode()))
+    docs = list(corpus_documents("docs", roots=[tmp_path / "man"], min_chars=100, system_docs=False))
+    assert docs and docs[0].startswith("NAME\nls - list directory contents")
+
+
+def test_user_jsonl_reads_text_and_messages_through_datasets(tmp_path):
+    pytest.importorskip("datasets")
+    path = tmp_path / "mine.jsonl"
+    rows = [{"text": "my own notes " * 10}, {"text": "Remarks on the State of the Union " * 3}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_user_jsonl(path) == [{"text": "my own notes " * 10}]  # the speech is dropped by its marker
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "hello"}]}) + "\n")
+    assert read_user_jsonl(chats)[0]["messages"][1]["content"] == "hello"

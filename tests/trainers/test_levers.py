@@ -1,0 +1,117 @@
+"""The training levers of issue 12 on tiny targets: soft distillation, init from the target, long / mixed rows."""
+
+import json
+
+import pytest
+import torch
+
+from transformers_longspec import LongSpecDraft
+from transformers_longspec.trainers import LongSpecTrainer, LongSpecTrainingArguments, TokenCollator
+from transformers_longspec.trainers.mix import MixSpec, StepCollator, build_mix
+from transformers_longspec.trainers.soft_labels import soft_distill_loss, target_topk
+
+from tiny_models import make_char_tokenizer, make_target
+
+ROWS = [{"input_ids": torch.randint(3, 99, (48,), generator=torch.Generator().manual_seed(i))} for i in range(4)]
+
+
+def _args(tmp_path, **overrides):
+    base = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": [], "disable_tqdm": True,
+            "per_device_train_batch_size": 4, "per_device_eval_batch_size": 4, "learning_rate": 1e-2, "max_steps": 4,
+            "logging_steps": 1, "save_strategy": "no", "seed": 0}
+    return LongSpecTrainingArguments(**{**base, **overrides})
+
+
+def _train(target, args, rows=ROWS, collator=None, draft=None):
+    draft = draft if draft is not None else LongSpecDraft.from_target(target)
+    trainer = LongSpecTrainer(model=draft, target_model=target, args=args, train_dataset=rows, eval_dataset=rows,
+                              data_collator=collator or TokenCollator(pad_token_id=0))
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    return before, trainer.evaluate()["eval_loss"], trainer
+
+
+@pytest.mark.parametrize("weight,distill", [(1.0, False), (0.5, True)])
+def test_soft_distillation_lowers_its_loss(tmp_path, weight, distill):
+    torch.set_num_threads(1)
+    args = _args(tmp_path, soft_labels_topk=8, soft_labels_weight=weight, distill_labels=distill)
+    before, after, _ = _train(make_target("qwen2"), args)
+    assert after < before - 0.2, (before, after)
+
+
+def test_soft_loss_with_k1_is_the_argmax_cross_entropy(tmp_path):
+    target = make_target("llama")
+    hard = _train(target, _args(tmp_path, max_steps=1, distill_labels=True))[0]
+    soft = _train(target, _args(tmp_path, max_steps=1, soft_labels_topk=1, soft_labels_weight=1.0))[0]
+    assert soft == pytest.approx(hard, rel=1e-5)  # p = one-hot on the argmax: soft CE = hard CE on argmax labels
+
+
+def test_soft_loss_matches_a_direct_computation():
+    torch.manual_seed(0)
+    target = make_target("llama")
+    hidden_t = torch.randn(2, 6, 32)
+    top_logits, top_ids = target_topk(target, hidden_t, k=5, chunk=4)
+    full = target.lm_head(hidden_t)
+    assert torch.equal(top_ids[..., 0], full.argmax(-1))
+    draft_hidden = torch.randn(2, 6, 32)
+    labels = torch.ones(2, 6, dtype=torch.long)
+    labels[1, 4] = -100  # position 3 of row 1 is not supervised
+    loss = soft_distill_loss(target.lm_head, draft_hidden, top_logits, top_ids, labels, noise_offset=2, chunk=3)
+    log_q = torch.log_softmax(target.lm_head(draft_hidden), -1)
+    terms = [-(torch.softmax(top_logits[b, t], -1) * log_q[b, t, top_ids[b, t]]).sum()
+             for b in range(2) for t in range(2, 5) if labels[b, t + 1] != -100]
+    assert loss.item() == pytest.approx(torch.stack(terms).mean().item(), rel=1e-5)
+
+
+def test_init_from_target_copies_the_last_layer_and_trains(tmp_path):
+    target = make_target("qwen2")
+    draft = LongSpecDraft.from_target(target)  # init_from_target=True is the default
+    last = target.model.layers[-1]
+    assert torch.equal(draft.block.self_attn.q_proj.weight, last.self_attn.q_proj.weight)
+    assert torch.equal(draft.block.self_attn.q_proj.bias, last.self_attn.q_proj.bias)
+    assert torch.equal(draft.block.cross_attn.q_proj.weight, last.self_attn.q_proj.weight)
+    assert torch.equal(draft.block.mlp.down_proj.weight, last.mlp.down_proj.weight)
+    assert torch.equal(draft.norm.weight, target.model.norm.weight)
+    before, after, _ = _train(target, _args(tmp_path, distill_labels=True), draft=draft)
+    assert after < before - 0.2, (before, after)
+
+
+def test_mixed_items_with_long_and_chat_rows_train(tmp_path, fake_site):
+    torch.set_num_threads(1)
+    target, tok = make_target("qwen2"), make_char_tokenizer()
+    spec = MixSpec(short_rows=16, short_seq_length=32, short_rows_per_step=4, long_rows=2, long_seq_length=300,
+                   long_min_length=200, long_kinds={"python": 1.0, "c_cpp": 1.0}, chat_prompts=4,
+                   chat_prompt_chars=[60, 120], chat_max_new_tokens=4, chat_batch_size=4, chat_kinds=["python"],
+                   roots=[str(fake_site)], min_chars=100, system_docs=False, eval_items=1)
+    train, held, summary = build_mix(spec, tok, target)
+    shapes = sorted({tuple(item["input_ids"].shape) for item in train + held})
+    assert (4, 32) in shapes and (1, 300) in shapes  # short items of 4 rows; long rows cut to 300 tokens
+    chat = [item for item in train + held if item["labels"][0, 0] == -100]
+    assert chat and all((item["labels"] != -100).sum() <= 4 * 4 for item in chat)  # answers only
+    assert summary["counts"]["chat_rows"] == 4 and summary["skipped_evaluation"]
+    args = _args(tmp_path, per_device_train_batch_size=1, per_device_eval_batch_size=1, max_steps=8,
+                 anchor_max_length=64, distill_labels=True)
+    before, after, _ = _train(target, args, rows=train, collator=StepCollator())
+    assert after < before - 0.2, (before, after)
+    with pytest.raises(ValueError, match="per_device_train_batch_size=1"):
+        StepCollator()(train[:2])
+
+
+def test_mix_recipe_builds_step_items_and_checks_its_settings(tmp_path, fake_site):
+    from transformers_longspec.trainers.recipes import build_datasets, load_recipe
+
+    recipe = load_recipe("qwen2.5-coder-1.5b-mix")
+    assert recipe.training_arguments["per_device_train_batch_size"] == 1 and recipe.data.mix["chat_prompts"] > 0
+    path = tmp_path / "mix.json"
+    mix = {"short_rows": 8, "short_seq_length": 32, "short_rows_per_step": 4, "roots": [str(fake_site)],
+           "min_chars": 100, "system_docs": False, "eval_items": 0}
+    path.write_text(json.dumps({"data": {"source": "mix", "format": "mix", "mix": mix}}))
+    train, held, collator = build_datasets(load_recipe(path).data, make_char_tokenizer())
+    assert isinstance(collator, StepCollator) and held is None
+    assert [tuple(item["input_ids"].shape) for item in train] == [(4, 32), (4, 32)]
+    path.write_text(json.dumps({"data": {"source": "mix", "format": "mix", "mix": {"short_row": 8}}}))
+    with pytest.raises(ValueError, match="short_row"):
+        load_recipe(path)
+    path.write_text(json.dumps({"data": {"source": "mix", "format": "packed"}}))
+    with pytest.raises(ValueError, match="go together"):
+        load_recipe(path)

@@ -1,0 +1,235 @@
+"""Chat self-distillation: the target's own greedy answers to instructions over long documents.
+
+A draft serves chat prompts: after the chat template's assistant header the target writes in its own voice, which
+no corpus text shows. So we build instructions over documents of the corpus (summarise it, continue this file,
+explain it, answer a question about it), render them with the TARGET's chat template, let the target answer
+greedily in left-padded batches (bf16 on a GPU), cache the answers' token ids on disk and turn each into one row:
+
+    input_ids = chat-templated prompt ids + the generated answer ids (through the first end-of-turn token)
+    labels    = -100 on the prompt, the answer ids on the answer         (loss="answer", the default)
+              = every position                                           (loss="all")
+
+Answer-only by default: the prompt's document is the kind of text the corpus rows already cover, while the
+answer after the assistant header is what a chat user's draft must predict; the rows' prompts still go through
+the target and the draft, so the answer is learnt with the long document in the target's cache. Under
+`distill_labels` the trainer replaces each supervised label by the target's argmax there, which on the answer is
+the generated token itself (up to batched bf16 rounding), and leaves -100 alone.
+
+Reference: LongSpec (arXiv 2502.17421) §4.1 (stage 3: task data, answer-only labels) and reference spec §4.6
+(LongSFT collators: prompt truncated, answer labelled); transformers `apply_chat_template`, `generate`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["CHAT_TASKS", "chat_distill_rows", "chat_prompts", "generate_answers", "render_prompts"]
+
+# {what}: "Python file", "C/C++ source", "document"; the "question" task draws one of the questions below.
+CHAT_TASKS = {
+    "summarize": "Summarize the following {what}: its purpose, its main parts and anything unusual about it.",
+    "continue": "Continue this {what} from exactly where it stops. Reply with the continuation only.",
+    "explain": "Explain the following {what} to a new colleague, section by section.",
+    "question": "Read the following {what} and answer the question at the end.",
+}
+_QUESTIONS = {
+    "code": (
+        "Which function or class here is the most important, and how would you call it correctly?",
+        "What could go wrong when using this code, and how would you guard against it?",
+        "Which parts would you test first, and what should those tests check?",
+        "How would you simplify or speed up the central part of this code? Show the changed code.",
+    ),
+    "docs": (
+        "What is the main point of this text, and what details support it?",
+        "Which instructions or rules does this text give? List them briefly.",
+        "What would a reader most likely misunderstand here, and how would you clarify it?",
+    ),
+}
+_WHAT = {"python": ("Python file", "python"), "c_cpp": ("C/C++ source file", "cpp"),
+         "other_code": ("source file", ""), "docs": ("document", None)}
+
+
+def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars: tuple[int, int] = (3000, 9000),
+                 tasks: Sequence[str] = tuple(CHAT_TASKS), seed: int = 0) -> list[str]:
+    """User messages asking for one task over an excerpt of a document.
+
+    Args:
+        documents: (kind, text) pairs, kind one of "python", "c_cpp", "other_code", "docs".
+        count: prompts to build (documents are reused round-robin if there are fewer).
+        prompt_chars: (min, max) characters of document per prompt (~3.5 characters per token).
+        tasks: names from `CHAT_TASKS`.
+        seed: choice of excerpt, length and task.
+    Returns: `count` user-message strings (no chat template yet).
+    Raises: ValueError for no documents, an unknown task or kind, or prompt_chars not 0 < min <= max.
+    Reference: LongSpec §4.1 (task data over long inputs).
+    """
+    if not documents:
+        raise ValueError("chat_prompts needs at least one (kind, text) document")
+    unknown = sorted(set(tasks) - set(CHAT_TASKS))
+    if unknown or not tasks:
+        raise ValueError(f"unknown chat tasks {unknown or tasks}; choose from {sorted(CHAT_TASKS)}")
+    low, high = prompt_chars
+    if not 0 < low <= high:
+        raise ValueError(f"prompt_chars must be (min, max) with 0 < min <= max, got {prompt_chars}")
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        kind, text = documents[i % len(documents)]
+        if kind not in _WHAT:
+            raise ValueError(f"unknown document kind {kind!r}; choose from {sorted(_WHAT)}")
+        size = rng.randint(low, high)
+        start = rng.randrange(max(len(text) - size, 0) + 1)
+        excerpt = text[start : start + size]
+        task = tasks[rng.randrange(len(tasks))]
+        what, fence = _WHAT[kind]
+        body = excerpt if fence is None else f"```{fence}\n{excerpt}\n```"
+        prompt = f"{CHAT_TASKS[task].format(what=what)}\n\n{body}"
+        if task == "question":
+            prompt += f"\n\nQuestion: {rng.choice(_QUESTIONS['docs' if kind == 'docs' else 'code'])}"
+        prompts.append(prompt)
+    return prompts
+
+
+def render_prompts(tokenizer, prompts: Sequence[str], system: str | None = None) -> list[list[int]]:
+    """Token ids of each user message rendered by the tokenizer's chat template, ending with the assistant header.
+
+    Args:
+        tokenizer: the target's tokenizer (must have a chat template).
+        prompts: user messages.
+        system: optional system message (None = the template's default, e.g. Qwen's "You are Qwen ...").
+    Returns: one list of ids per prompt.
+    Raises: ValueError if the tokenizer has no chat template.
+    Reference: transformers `PreTrainedTokenizerBase.apply_chat_template`.
+    """
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("chat self-distillation needs a tokenizer with a chat template (tokenizer.chat_template is "
+                         "None); use an Instruct target or set tokenizer.chat_template")
+    rendered = []
+    for prompt in prompts:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        rendered.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return rendered
+
+
+def _stop_ids(target, tokenizer) -> set[int]:
+    """Token ids that end an answer: the generation config's EOS ids and the tokenizer's EOS."""
+    eos = getattr(target.generation_config, "eos_token_id", None)
+    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def _key(ids: list[int], max_new_tokens: int) -> str:
+    return hashlib.sha1(json.dumps([max_new_tokens, ids]).encode()).hexdigest()
+
+
+def _load_cache(path: Path | None) -> dict[str, list[int]]:
+    if path is None or not path.is_file():
+        return {}
+    cache = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            cache[row["key"]] = row["answer_ids"]
+    return cache
+
+
+@torch.no_grad()
+def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new_tokens: int = 384,
+                     batch_size: int = 64, time_budget_s: float | None = None, cache_path: str | Path | None = None
+                     ) -> list[list[int] | None]:
+    """The target's greedy answers (token ids) to chat-templated prompts, batched with left padding, cached.
+
+    Prompts are generated longest first in batches of `batch_size`; each answer is cut after its first stop token
+    (generation-config EOS, e.g. Qwen's <|im_end|>), which is kept. Answers already in `cache_path` (a jsonl of
+    {"key", "answer_ids"}, keyed by prompt ids and max_new_tokens) are reused; new ones are appended after every
+    batch, so a run stopped by the time budget or the lease keeps what it made.
+
+    Args:
+        target: the target `*ForCausalLM` (its device and dtype are used as they are: bf16 on the GPU).
+        tokenizer: its tokenizer (pad: its pad token, else EOS).
+        prompt_ids: token ids of rendered prompts (`render_prompts`).
+        max_new_tokens: answer length at most (tokens).
+        batch_size: prompts per `generate` call.
+        time_budget_s: stop starting new batches after this many seconds (None = no limit).
+        cache_path: jsonl file of cached answers (created if missing; None = no cache).
+    Returns: one list of answer ids per prompt, or None for a prompt not reached within the time budget.
+    Raises: ValueError if `batch_size` or `max_new_tokens` < 1.
+    Reference: transformers `GenerationMixin.generate` (greedy, left padding).
+    """
+    if batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
+    path = Path(cache_path) if cache_path is not None else None
+    cache = _load_cache(path)
+    keys = [_key(list(ids), max_new_tokens) for ids in prompt_ids]
+    todo = sorted({k: i for i, k in enumerate(keys) if k not in cache}.values(), key=lambda i: -len(prompt_ids[i]))
+    stops = _stop_ids(target, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(target.parameters()).device
+    start, skipped = time.perf_counter(), 0
+    for first in range(0, len(todo), batch_size):
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            skipped = len(todo) - first
+            break
+        batch = todo[first : first + batch_size]
+        width = max(len(prompt_ids[i]) for i in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(batch):
+            ids[row, width - len(prompt_ids[i]) :] = torch.tensor(prompt_ids[i])
+            mask[row, width - len(prompt_ids[i]) :] = 1
+        out = target.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                              max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=sorted(stops) or None)
+        new = []
+        for row, i in enumerate(batch):
+            answer = out[row, width:].tolist()
+            end = next((t + 1 for t, tok in enumerate(answer) if tok in stops), len(answer))
+            cache[keys[i]] = answer[:end]
+            new.append({"key": keys[i], "answer_ids": answer[:end]})
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as handle:
+                handle.writelines(json.dumps(r) + "\n" for r in new)
+    if skipped:
+        warnings.warn(f"generate_answers: time budget of {time_budget_s} s reached; {skipped} of {len(prompt_ids)} "
+                      "prompts have no answer (raise time_budget_s or lower num_prompts)", stacklevel=3)
+    return [cache.get(k) for k in keys]
+
+
+def chat_distill_rows(prompt_ids: Sequence[list[int]], answers: Sequence[list[int] | None], loss: str = "answer",
+                      max_length: int | None = None) -> list[dict]:
+    """Training rows from prompts and the target's answers (prompts without an answer are dropped).
+
+    Args:
+        prompt_ids: rendered prompt ids (`render_prompts`).
+        answers: answer ids (`generate_answers`), None = no answer.
+        loss: "answer" (labels -100 on the prompt) or "all" (every position labelled).
+        max_length: keep at most the LAST this many tokens of a row (the answer survives; None = whole row).
+    Returns: [{"input_ids": list[int], "labels": list[int]}].
+    Raises: ValueError for an unknown `loss` or mismatched lengths.
+    Reference: LongSpec §4.1; reference spec §4.6 (answer-only labels of the LongSFT / LongCoT collators).
+    """
+    if loss not in ("answer", "all"):
+        raise ValueError(f"loss must be 'answer' (prompt masked) or 'all' (every position), got {loss!r}")
+    if len(prompt_ids) != len(answers):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(answers)} answers")
+    rows = []
+    for prompt, answer in zip(prompt_ids, answers, strict=True):
+        if not answer:
+            continue
+        ids = list(prompt) + list(answer)
+        labels = ids.copy() if loss == "all" else [-100] * len(prompt) + list(answer)
+        if max_length is not None:
+            ids, labels = ids[-max_length:], labels[-max_length:]
+        rows.append({"input_ids": ids, "labels": labels})
+    return rows

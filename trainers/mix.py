@@ -1,0 +1,318 @@
+"""A mixed training set for a draft: short rows of several kinds, long rows, chat self-distillation, user jsonl.
+
+Rows of very different lengths train together by grouping them into STEP ITEMS of about the same number of tokens
+(the dataset's items are whole micro-batches; `StepCollator` passes one through, so `per_device_train_batch_size`
+must be 1):
+
+    short   `short_rows_per_step` packed blocks of `short_seq_length` tokens (anchor-offset positions: shorter
+            than the trainer's anchor_max_length), kinds mixed by `kinds` (token fractions)
+    long    one row of `long_seq_length` tokens (8k-32k) per item: neighbouring files of one package joined
+            (`repository_documents`), every position labelled, natural positions
+    chat    chat self-distillation rows (`chat_distill.py`), grouped up to `short_rows_per_step *
+            short_seq_length` tokens per item, loss on the answers (or everywhere, `chat_loss="all"`)
+    jsonl   the user's own files through `datasets`: {"text": ...} rows are packed into short rows,
+            {"messages": [...]} rows become chat rows (assistant turns labelled, `ChatCollator`)
+
+With `distill_labels` (recommended) every supervised position is relabelled by the target's argmax in the trainer.
+
+Reference: LongSpec (arXiv 2502.17421) §4.1 (three data stages, here mixed in one run); reference spec §4.5-4.6.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from .chat_distill import chat_distill_rows, chat_prompts, generate_answers, render_prompts
+from .corpus import DOC_KINDS, CorpusStats, corpus_documents, repository_documents
+from .data import ChatCollator, _pad_token_id, pack_texts
+from .exclusions import refuse_evaluation, text_evaluation_reason
+
+__all__ = ["MixSpec", "StepCollator", "build_mix", "read_user_jsonl"]
+
+
+@dataclass
+class MixSpec:
+    """The `data.mix` section of a recipe (all lengths in tokens of the target's tokenizer).
+
+    Args:
+        kinds: token fractions of the short rows per document kind ("python", "c_cpp", "other_code", "docs");
+            normalised; a kind with no documents here gives its share to the others (reported in the stats).
+        short_rows: packed short rows in all.
+        short_seq_length: tokens per short row (below the trainer's anchor_max_length: anchor-offset positions).
+        short_rows_per_step: short rows per step item.
+        long_rows: long rows in all (0 = none).
+        long_seq_length: tokens per long row (8192-32768; cut to this, rows shorter than `long_min_length` dropped).
+        long_min_length: shortest long row kept.
+        long_kinds: token fractions of the long rows per kind.
+        chat_prompts: chat self-distillation prompts (0 = none).
+        chat_prompt_chars: (min, max) characters of document per prompt.
+        chat_max_new_tokens: answer length at most.
+        chat_batch_size: prompts per `generate` call.
+        chat_time_budget_s: stop generating after this many seconds (None = no limit).
+        chat_cache: jsonl file caching the answers (None = no cache).
+        chat_loss: "answer" (prompt masked) or "all".
+        chat_kinds: document kinds the chat prompts are built from.
+        jsonl: the user's own .jsonl files (rows {"text"} or {"messages"}); never evaluation sets.
+        jsonl_short_rows: packed short rows at most from the jsonl texts (None = all).
+        roots: folders to scan (None = the installed packages); evaluation material is refused.
+        system_docs: also read /usr/share/doc and man pages for "docs".
+        min_chars: shortest document read for short rows (characters).
+        eval_items: items of each type (short, long, chat) held out for evaluation.
+        seed: shuffling, prompts, packages.
+    Raises: ValueError from `__post_init__` for unknown kinds, negative counts, or bad lengths.
+    Reference: LongSpec §4.1.
+    """
+
+    kinds: dict = field(default_factory=lambda: {"python": 0.4, "c_cpp": 0.25, "other_code": 0.05, "docs": 0.3})
+    short_rows: int = 4096
+    short_seq_length: int = 1024
+    short_rows_per_step: int = 16
+    long_rows: int = 0
+    long_seq_length: int = 16384
+    long_min_length: int = 8192
+    long_kinds: dict = field(default_factory=lambda: {"python": 0.4, "c_cpp": 0.4, "docs": 0.2})
+    chat_prompts: int = 0
+    chat_prompt_chars: list = field(default_factory=lambda: [3000, 9000])
+    chat_max_new_tokens: int = 384
+    chat_batch_size: int = 64
+    chat_time_budget_s: float | None = None
+    chat_cache: str | None = None
+    chat_loss: str = "answer"
+    chat_kinds: list = field(default_factory=lambda: ["python", "c_cpp", "docs"])
+    jsonl: list = field(default_factory=list)
+    jsonl_short_rows: int | None = None
+    roots: list | None = None
+    system_docs: bool = True
+    min_chars: int = 500
+    eval_items: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("kinds", "long_kinds"):
+            bad = sorted(set(getattr(self, name)) - set(DOC_KINDS))
+            if bad or any(v < 0 for v in getattr(self, name).values()):
+                raise ValueError(f"data.mix.{name}: kinds must be among {DOC_KINDS} with fractions >= 0, got "
+                                 f"{getattr(self, name)}")
+        bad = sorted(set(self.chat_kinds) - set(DOC_KINDS))
+        if bad:
+            raise ValueError(f"data.mix.chat_kinds: unknown kinds {bad}; choose from {DOC_KINDS}")
+        counts = ("short_rows", "long_rows", "chat_prompts", "eval_items")
+        if any(getattr(self, n) < 0 for n in counts):
+            raise ValueError(f"data.mix: {counts} must be >= 0, got {[getattr(self, n) for n in counts]}")
+        if self.short_seq_length < 2 or self.short_rows_per_step < 1:
+            raise ValueError("data.mix: short_seq_length must be >= 2 and short_rows_per_step >= 1")
+        if self.long_rows and not 2 <= self.long_min_length <= self.long_seq_length:
+            raise ValueError(f"data.mix: need 2 <= long_min_length <= long_seq_length, got {self.long_min_length}, "
+                             f"{self.long_seq_length}")
+        if self.chat_loss not in ("answer", "all"):
+            raise ValueError(f"data.mix.chat_loss must be 'answer' or 'all', got {self.chat_loss!r}")
+        for path in self.jsonl:
+            refuse_evaluation(path, "data.mix.jsonl")
+        for root in self.roots or []:
+            refuse_evaluation(root, "data.mix.roots")
+
+
+@dataclass
+class StepCollator:
+    """Pass one pre-built step item through (the dataset's items are whole micro-batches).
+
+    Call: a list of exactly one item {"input_ids", "attention_mask", "labels"}, each (rows, seq) int64.
+    Returns: that item.
+    Raises: ValueError for more than one item: set per_device_train_batch_size=1 and per_device_eval_batch_size=1
+        (the item holds the step's rows).
+    """
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        if len(features) != 1:
+            raise ValueError(f"a mixed dataset's items are whole micro-batches, got {len(features)} per batch: set "
+                             "per_device_train_batch_size=1 and per_device_eval_batch_size=1 in the recipe")
+        return dict(features[0])
+
+
+def _item(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad rows ({"input_ids", optional "labels"}) into one (rows, seq) item; -100 / mask 0 on padding."""
+    ids = [torch.as_tensor(r["input_ids"], dtype=torch.long) for r in rows]
+    labels = [torch.as_tensor(r.get("labels", r["input_ids"]), dtype=torch.long) for r in rows]
+    return {
+        "input_ids": pad_sequence(ids, batch_first=True, padding_value=pad_id),
+        "attention_mask": pad_sequence([torch.ones_like(i) for i in ids], batch_first=True, padding_value=0),
+        "labels": pad_sequence(labels, batch_first=True, padding_value=-100),
+    }
+
+
+def _by_budget(rows: list[dict], budget: int, pad_id: int) -> list[dict]:
+    """Group variable-length rows (sorted by length) into items of at most `budget` padded tokens each."""
+    rows = sorted(rows, key=lambda r: len(r["input_ids"]))
+    items, group = [], []
+    for row in rows:
+        if group and (len(group) + 1) * len(row["input_ids"]) > budget:
+            items.append(_item(group, pad_id))
+            group = []
+        group.append(row)
+    if group:
+        items.append(_item(group, pad_id))
+    return items
+
+
+def _shares(fractions: dict, total: int) -> dict[str, int]:
+    """Split `total` rows over kinds by their fractions (largest remainders)."""
+    weight = sum(fractions.values())
+    if total == 0 or weight == 0:
+        return {k: 0 for k in fractions}
+    raw = {k: total * v / weight for k, v in fractions.items()}
+    out = {k: int(v) for k, v in raw.items()}
+    for k in sorted(raw, key=lambda k: out[k] - raw[k])[: total - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
+def _short_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> list[dict]:
+    """Packed short rows per kind; a kind that runs short leaves its rows to the next kinds."""
+    rows, missing = [], 0
+    shares = _shares(spec.kinds, spec.short_rows)
+    for kind in sorted(shares, key=lambda k: shares[k]):  # smallest first: their shortfall goes to larger kinds
+        want = shares[kind] + missing if shares[kind] else 0
+        if want == 0:
+            continue
+        docs = corpus_documents(kind, spec.roots, spec.min_chars, max_chars=200_000, seed=spec.seed,
+                                system_docs=spec.system_docs, stats=stats)
+        got = pack_texts(docs, tokenizer, spec.short_seq_length, want)
+        stats.documents[f"short_rows_{kind}"] = len(got)
+        missing = want - len(got)
+        rows.extend(got)
+    return rows
+
+
+def _long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> list[dict]:
+    """Long rows (one long document each, cut to long_seq_length tokens, shorter than long_min_length dropped)."""
+    rows = []
+    for kind, want in _shares(spec.long_kinds, spec.long_rows).items():
+        docs = repository_documents(kind, spec.roots, min_chars=int(spec.long_seq_length * 4.5),
+                                    max_chars=int(spec.long_seq_length * 6), seed=spec.seed,
+                                    system_docs=spec.system_docs, stats=stats)
+        got = 0
+        for doc in docs:
+            if got >= want:
+                break
+            ids = tokenizer(doc, add_special_tokens=False)["input_ids"][: spec.long_seq_length]
+            if len(ids) >= spec.long_min_length:
+                rows.append({"input_ids": ids})
+                got += 1
+        stats.documents[f"long_rows_{kind}"] = got
+    return rows
+
+
+def _chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict]:
+    """Chat self-distillation rows: prompts over corpus documents, the target's greedy answers (cached)."""
+    per_kind = max(1, spec.chat_prompts // max(len(spec.chat_kinds), 1))
+    documents = []
+    for kind in spec.chat_kinds:
+        docs = corpus_documents(kind, spec.roots, min_chars=spec.chat_prompt_chars[0], max_chars=100_000,
+                                seed=spec.seed + 1, system_docs=spec.system_docs, stats=stats)
+        documents.extend((kind, d) for d in itertools.islice(docs, per_kind))
+    random.Random(spec.seed).shuffle(documents)
+    if not documents:
+        raise ValueError("chat self-distillation found no documents of kinds "
+                         f"{spec.chat_kinds} (min {spec.chat_prompt_chars[0]} characters); lower chat_prompt_chars")
+    prompts = chat_prompts(documents, spec.chat_prompts, tuple(spec.chat_prompt_chars), seed=spec.seed)
+    prompt_ids = render_prompts(tokenizer, prompts)
+    start = time.perf_counter()
+    answers = generate_answers(target, tokenizer, prompt_ids, spec.chat_max_new_tokens, spec.chat_batch_size,
+                               spec.chat_time_budget_s, spec.chat_cache)
+    stats.documents["chat_generate_s"] = round(time.perf_counter() - start, 1)
+    rows = chat_distill_rows(prompt_ids, answers, spec.chat_loss)
+    stats.documents["chat_rows"] = len(rows)
+    return rows
+
+
+def read_user_jsonl(path: str | Path) -> list[dict]:
+    """Rows of the user's own jsonl file through `datasets` ({"text": str} or {"messages": [...]} per line).
+
+    Args:
+        path: a .jsonl file (never the project's evaluation sets).
+    Returns: list of {"text"} / {"messages"} dicts; rows whose text carries evaluation-material markers are dropped.
+    Raises: ValueError for evaluation material or rows with neither field; ImportError naming `pip install datasets`.
+    Reference: `datasets.load_dataset("json", data_files=...)`.
+    """
+    refuse_evaluation(path, "jsonl file")
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError("reading your own jsonl needs the datasets package: pip install datasets") from err
+    table = datasets.load_dataset("json", data_files=str(path), split="train")
+    if "text" not in table.column_names and "messages" not in table.column_names:
+        raise ValueError(f"{path}: rows need a 'text' or a 'messages' field, got columns {table.column_names}")
+    rows = []
+    for row in table:
+        if row.get("text"):
+            if text_evaluation_reason(row["text"]) is None:
+                rows.append({"text": row["text"]})
+        elif row.get("messages"):
+            rows.append({"messages": row["messages"]})
+    return rows
+
+
+def _jsonl_rows(spec: MixSpec, tokenizer) -> tuple[list[dict], list[dict]]:
+    """(packed short rows from the jsonl texts, chat rows from its conversations)."""
+    texts, chats = [], []
+    for path in spec.jsonl:
+        for row in read_user_jsonl(path):
+            (texts if "text" in row else chats).append(row)
+    short = pack_texts((r["text"] for r in texts), tokenizer, spec.short_seq_length, spec.jsonl_short_rows)
+    encoder = ChatCollator(tokenizer, max_length=1 << 30)
+    chat = []
+    for row in chats:
+        ids, labels = encoder._encode(row["messages"])
+        chat.append({"input_ids": ids, "labels": labels})
+    return short, chat
+
+
+def build_mix(spec: MixSpec, tokenizer, target=None) -> tuple[list[dict], list[dict], dict]:
+    """Build the step items of a mixed training set.
+
+    Args:
+        spec: the `MixSpec`.
+        tokenizer: the target's tokenizer.
+        target: the target model (needed when `spec.chat_prompts` > 0: it generates the answers).
+    Returns: (train items, eval items, stats); items are {"input_ids", "attention_mask", "labels"}, each (rows, seq)
+        int64, for `StepCollator`; stats counts documents and rows per kind, evaluation files skipped and seconds.
+    Raises: ValueError if chat prompts are asked for without a target or nothing was built.
+    Reference: LongSpec §4.1.
+    """
+    if spec.chat_prompts and target is None:
+        raise ValueError("data.mix.chat_prompts > 0 needs the target model to generate the answers")
+    stats, pad_id, start = CorpusStats.empty(), _pad_token_id(tokenizer), time.perf_counter()
+    budget = spec.short_rows_per_step * spec.short_seq_length
+    short = _short_rows(spec, tokenizer, stats)
+    jsonl_short, jsonl_chat = _jsonl_rows(spec, tokenizer) if spec.jsonl else ([], [])
+    short += jsonl_short
+    random.Random(spec.seed).shuffle(short)
+    groups = {
+        "short": [_item(short[i : i + spec.short_rows_per_step], pad_id)
+                  for i in range(0, len(short) - spec.short_rows_per_step + 1, spec.short_rows_per_step)],
+        "long": [_item([row], pad_id) for row in _long_rows(spec, tokenizer, stats)] if spec.long_rows else [],
+        "chat": _by_budget((_chat_rows(spec, tokenizer, target, stats) if spec.chat_prompts else []) + jsonl_chat,
+                           budget, pad_id),
+    }
+    train, held = [], []
+    for name, items in groups.items():
+        keep = min(spec.eval_items, max(len(items) - 1, 0))
+        held += items[len(items) - keep :] if keep else []
+        train += items[: len(items) - keep]
+        stats.documents[f"items_{name}"] = len(items)
+    if not train:
+        raise ValueError("the mixed data gave no training items; add kinds / documents, lower min_chars or "
+                         "short_rows_per_step")
+    random.Random(spec.seed).shuffle(train)
+    summary = {"counts": stats.documents, "skipped_evaluation": stats.skipped_evaluation,
+               "duplicates": stats.duplicates, "files_seen": stats.files_seen,
+               "build_s": round(time.perf_counter() - start, 1), "spec": asdict(spec)}
+    return train, held, summary

@@ -1,0 +1,98 @@
+"""Soft distillation: train the draft on the target's top-k next-token distribution, not only its argmax.
+
+A tree draft proposes several children per node; a child is accepted when it equals the target's argmax, so the
+draft's SECOND and third choices matter as much as its first. The argmax label says nothing about them; the
+target's top-k distribution does. Per supervised position t (predicting token t + 1):
+
+    p_k   = softmax of the target's k largest logits at t           (renormalised over those k tokens)
+    loss  = - sum_{i in top-k} p_k(i) * log q(i)                    q = the draft's full softmax at t
+          = KL(p_k || q) + H(p_k)                                    (H(p_k) does not depend on the draft)
+
+mixed with the hard cross-entropy as (1 - w) * CE + w * soft (`soft_labels_weight`). The target's top-k come from
+the same LM-head pass that gives the argmax labels (`target_topk`), in chunks; the draft's logits are computed
+chunk by chunk under activation checkpointing, like the hard loss, so one chunk of (batch, chunk, vocab) fp32
+logits is alive at a time.
+
+Reference: Hinton et al. 2015 (knowledge distillation); DistillSpec (Zhou et al., 2023, speculative drafts
+distilled on the target's distribution); LongSpec (arXiv 2502.17421) §3.2 (the draft's next-token loss).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["soft_distill_loss", "target_topk"]
+
+
+def target_topk(target, hidden: torch.Tensor, k: int, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's k most likely next tokens at every position, from its final hidden states.
+
+    Args:
+        target: the target `*ForCausalLM` (its `lm_head`).
+        hidden: (batch, seq, hidden) final normed hidden states (`target_last_layer_kv(return_hidden=True)`).
+        k: tokens kept per position (>= 1; the first is the argmax).
+        chunk: positions per LM-head call.
+    Returns: (logits (batch, seq, k) fp32, ids (batch, seq, k) int64), sorted by decreasing logit; position t
+        describes the token after t.
+    Raises: ValueError if `k` < 1 or larger than the vocabulary.
+    Reference: knowledge distillation on top-k logits.
+    """
+    vocab = target.get_output_embeddings().weight.shape[0]
+    if not 1 <= k <= vocab:
+        raise ValueError(f"soft_labels_topk must be in [1, vocab={vocab}], got {k}")
+    batch, seq, _ = hidden.shape
+    values = torch.empty(batch, seq, k, dtype=torch.float32, device=hidden.device)
+    ids = torch.empty(batch, seq, k, dtype=torch.long, device=hidden.device)
+    with torch.no_grad():
+        for start in range(0, seq, chunk):
+            top = target.lm_head(hidden[:, start : start + chunk]).topk(k, dim=-1)  # in the target's dtype
+            values[:, start : start + chunk], ids[:, start : start + chunk] = top.values.float(), top.indices
+    return values, ids
+
+
+def _chunk_soft_sum(lm_logits, states, top_logits, top_ids, mask) -> torch.Tensor:
+    """Summed soft cross-entropy of one chunk: states (b, c, h), top_* (b, c, k), mask (b, c) bool → () fp32."""
+    log_q = torch.log_softmax(lm_logits(states), dim=-1)
+    picked = log_q.gather(-1, top_ids)
+    p = torch.softmax(top_logits, dim=-1)
+    return -((p * picked).sum(-1) * mask).sum()
+
+
+def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor, top_ids: torch.Tensor,
+                      labels: torch.Tensor, noise_offset: int = 1, chunk: int = 2048) -> torch.Tensor:
+    """Mean soft cross-entropy of the draft against the target's top-k over the supervised positions.
+
+    Positions follow `LongSpecDraft.forward`'s hard loss: position t is supervised when `labels[:, t + 1]` != -100
+    and t >= `noise_offset` (the first j positions see no target K/V under flash noisy training).
+
+    Args:
+        lm_logits: the draft's `lm_logits` (normed states → fp32 logits over the vocabulary).
+        hidden: (batch, seq, hidden) the draft's normed output states (`LongSpecDraftOutput.hidden_states`).
+        top_logits, top_ids: (batch, seq, k) from `target_topk`, for the same tokens.
+        labels: (batch, seq) int64, unshifted (-100 = not supervised), as given to the draft.
+        noise_offset: j of flash noisy training (>= 1).
+        chunk: positions per LM-head chunk.
+    Returns: () fp32 loss (0, still in the graph, when nothing is supervised).
+    Raises: ValueError if shapes disagree.
+    Reference: knowledge distillation (Hinton et al., 2015); LongSpec §3.2, Alg. 2 (dropped queries).
+    """
+    if top_ids.shape != top_logits.shape or top_ids.shape[:2] != hidden.shape[:2] or labels.shape != hidden.shape[:2]:
+        raise ValueError(f"hidden {tuple(hidden.shape)}, labels {tuple(labels.shape)}, top-k "
+                         f"{tuple(top_logits.shape)} / {tuple(top_ids.shape)} must share (batch, seq)")
+    mask = torch.zeros(labels.shape, dtype=torch.bool, device=labels.device)
+    mask[:, :-1] = labels[:, 1:] != -100
+    mask[:, :noise_offset] = False
+    total = hidden.float().sum() * 0.0
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    for start in range(0, hidden.shape[1] - 1, chunk):
+        end = min(start + chunk, hidden.shape[1] - 1)
+        part = mask[:, start:end]
+        if not part.any():
+            continue
+        args = (hidden[:, start:end], top_logits[:, start:end], top_ids[:, start:end], part.float())
+        if recompute:
+            total = total + checkpoint(_chunk_soft_sum, lm_logits, *args, use_reentrant=False)
+        else:
+            total = total + _chunk_soft_sum(lm_logits, *args)
+    return total / mask.sum().clamp(min=1)
