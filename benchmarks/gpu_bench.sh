@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_bench.sh micro     # micro_attention.py: attention paths, verify step vs decode step (~2 min)
 #   bash benchmarks/gpu_bench.sh greedy    # longspec bench, every greedy method, exactness vs sdpa (~8 min)
 #   bash benchmarks/gpu_bench.sh greedy-math  # the same methods on one math_reasoning problem (set NEW=2048)
+#   bash benchmarks/gpu_bench.sh greedy-retrieval  # LongSpec with / without retrieval, retrieval alone, plain baselines
 #   bash benchmarks/gpu_bench.sh sample    # longspec bench, sampling at T = 1.0 and 0.7 (~7 min)
 # greedy/sample convert first if `convert` has not run on this machine (leaving fewer seconds for prompts).
 # Overrides: DRAFT (LongSpec draft folder; none = untrained draft, tau ~ 1), NEW (new tokens, 128), DATASETS, BUCKETS,
@@ -49,6 +50,12 @@ GREEDY_METHODS=sdpa,eager,static_compile,plain_graph,assisted,prompt_lookup,long
 VARIANTS=(--variant 'longspec_graphs=longspec:{"longspec_compile": false}')
 DEEP='longspec_deep_tree=longspec:{"longspec_beam_widths": [4, 8, 8, 8, 8, 8, 8]}'
 
+# issue 14 / 13: LongSpec as users get it (default tree chosen by the policy, retrieval branch), the default tree
+# without retrieval, retrieval alone, and the engine verifying the root alone (plain decoding through LongSpec)
+RETRIEVAL=(--variant 'longspec_noretr=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 0}'
+  --variant 'retrieval_only=longspec:{"longspec_beam_widths": [], "longspec_retrieval": 10}'
+  --variant 'engine_plain=longspec:{"longspec_beam_widths": [], "longspec_retrieval": 0}')
+
 case "$1" in
   convert)
     convert ;;
@@ -57,11 +64,15 @@ case "$1" in
   greedy)
     bench --methods "$GREEDY_METHODS,longspec_deep_tree" "${VARIANTS[@]}" --variant "$DEEP" \
       --datasets "${DATASETS:-code_completion,summarization}" --buckets "${BUCKETS:-8192,16384,30000}" ;;
+  greedy-retrieval)
+    bench --methods sdpa,static_compile,plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain \
+      "${RETRIEVAL[@]}" --datasets "${DATASETS:-code_completion,summarization,heldout}" \
+      --buckets "${BUCKETS:-8192,16384,30000}" ;;
   greedy-math)
     bench --methods "$GREEDY_METHODS" "${VARIANTS[@]}" --datasets math_reasoning --buckets 0 ;;
   sample)
     bench --methods sdpa,longspec,sample,longspec_sample --temperatures 1.0,0.7 \
       --datasets "${DATASETS:-code_completion,math_reasoning}" --buckets "${BUCKETS:-8192,30000}" ;;
   *)
-    echo "usage: bash benchmarks/gpu_bench.sh convert|micro|greedy|greedy-math|sample" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/gpu_bench.sh convert|micro|greedy|greedy-retrieval|greedy-math|sample" >&2; exit 2 ;;
 esac

@@ -32,7 +32,7 @@ case "${1:-}" in
     phase convert bash benchmarks/gpu_qwen.sh prepare
     mkdir -p "$HOME/stage" && ln -sfn "$HOME/qwen15" "$HOME/stage/qwen2.5-coder-1.5b-instruct"
     phase gputests bash benchmarks/gpu_check.sh tests &
-    phase train env DRAFT_OUT="$draft" bash benchmarks/gpu_train_mix.sh
+    phase train env DRAFT="$draft" bash benchmarks/gpu_train_mix.sh
     wait
     phase tau bash -c "bash benchmarks/assemble_package.sh /tmp/pkg-tau && PYTHONPATH=/tmp/pkg-tau:\$HOME/stage/site \
       LONGSPEC_EVAL_DIR=\$PWD/.evaldata PYTHONUNBUFFERED=1 python3 benchmarks/tau_matrix.py --target \$HOME/qwen15 \

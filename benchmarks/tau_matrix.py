@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from transformers_longspec.bench import default_eval_dir, select_eval_rows
-from transformers_longspec.cli import load_draft, load_target
+from transformers_longspec.cli.models import load_draft, load_target
 from transformers_longspec.demo import eval_prompt
 
 CONFIGS = {

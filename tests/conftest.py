@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import transformers_longspec  # noqa: F401  (installs the generate hook)
+from transformers_longspec import tree_policy
+from transformers_longspec.tree_policy import TreeCosts
 
 from tiny_models import FAMILIES
 
@@ -23,6 +25,19 @@ def _threads_for_model_size(request):
         torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def flat_costs(target, draft, candidates) -> TreeCosts:
+    """GPU-like costs: a verification of any size costs one plain step, each draft depth 1% of one."""
+    return TreeCosts(verify={1: 1.0, 160: 1.0}, draft={w: 0.01 * len(w) for w in candidates if w})
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_tree_costs(request, monkeypatch):
+    """The default tree is chosen from measured costs (`tree_policy`); timings are noise on a shared CPU, so tests
+    get fixed GPU-like costs (the draft's largest tree and the retrieval branch win) unless marked `measured_costs`."""
+    if "measured_costs" not in request.keywords:
+        monkeypatch.setattr(tree_policy, "measure_costs", flat_costs)
 
 
 @pytest.fixture(params=sorted(FAMILIES))

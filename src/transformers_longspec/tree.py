@@ -5,7 +5,9 @@ Layout of a tree of `tree_size = 1 + sum(beam_widths)` nodes, flattened depth by
     index:  0 | 1 .. w1 | w1+1 .. w1+w2 | ...
     depth:  0 |    1    |       2       | ...          root = the last committed token (the previous bonus)
 
-Every node's parent has a smaller index; nodes of one depth are sorted by cumulative draft log-probability.
+Every node's parent has a smaller index; nodes of one depth are sorted by cumulative draft log-probability. A
+retrieval chain (`retrieval.py`) may follow the draft's nodes, one node per depth 1, 2, ...; then the layout is no
+longer depth by depth, and code reads `depths` / `ancestors` rather than index ranges.
 `ancestors[i, j]` is True iff node j lies on the path root → i (i itself included), which is exactly the
 tree part of the verification attention mask. A node at depth d sits at position `root_position + d`.
 

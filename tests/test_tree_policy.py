@@ -1,0 +1,84 @@
+"""The default tree: predicted τ and its inverse, the choice under GPU-like and CPU-like costs, learning from calls,
+measured costs on a real tiny target, and a default-tree call that reports its shape and equals plain greedy."""
+
+import math
+
+import pytest
+import torch
+
+from transformers_longspec import LongSpecDraft, tree_policy
+from transformers_longspec.tree_policy import LADDER, TreeCosts, TreePolicy, acceptance_from_tau, expected_tau
+
+from tiny_models import make_target
+
+DEFAULT = (4, 16, 16, 16, 16)
+
+
+def linear_costs(target, draft, candidates) -> TreeCosts:
+    """CPU-like: a verification costs as many plain steps as it has tokens; a draft depth a third of one per node."""
+    return TreeCosts(verify={1: 1.0, 160: 160.0}, draft={w: sum(w) / 3 for w in candidates if w})
+
+
+def test_expected_tau_grows_with_acceptance_and_width():
+    assert expected_tau((), 0.9) == 1.0 and expected_tau((), 0.9, 0.5) == 1.5
+    assert expected_tau((1, 1, 1), 0.5) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    for widths in LADDER[1:]:
+        assert expected_tau(widths, 0.3) < expected_tau(widths, 0.6) < 1 + len(widths)
+    assert expected_tau((4, 16, 16, 16, 16), 0.4) > expected_tau((1, 1, 1, 1, 1), 0.4)
+    for tau in (1.3, 2.0, 2.9):
+        p = acceptance_from_tau(DEFAULT, tau)
+        assert expected_tau(DEFAULT, p) == pytest.approx(tau, abs=1e-6)
+    assert math.isnan(acceptance_from_tau((), 1.0))
+
+
+def test_choice_follows_the_costs():
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+    policy = TreePolicy(DEFAULT)
+    policy.costs[(id(target), torch.device("cpu"), torch.float32)] = linear_costs(target, draft, policy.candidates)
+    widths, retrieval = policy.choose(target, draft, (0, 10))
+    assert sum(widths) <= 3 and retrieval == 0  # every extra token costs a plain step: small or no tree
+    policy.acceptance = 0.05  # a draft that is almost never right: plain decoding through the engine
+    assert policy.choose(target, draft, (0, 10)) == ((), 0)
+    flat = TreePolicy(DEFAULT)
+    flat.costs = {k: TreeCosts(verify={1: 1.0, 160: 1.0}, draft={w: 0.01 * len(w) for w in flat.candidates if w})
+                  for k in policy.costs}
+    assert flat.choose(target, draft, (0, 10)) == (DEFAULT, 10)  # free verification: the largest tree, retrieval on
+
+
+def test_observe_learns_acceptance_and_retrieval_gain():
+    policy = TreePolicy(DEFAULT)
+    policy.observe(DEFAULT, 10, [1, 1, 1, 1, 1, 1], 0)  # nothing accepted
+    assert policy.acceptance < 0.5 / 2 + 0.01 and policy.retrieval_gain == pytest.approx(0.1)
+    low = policy.acceptance
+    policy.observe(DEFAULT, 10, [4, 5, 3, 4], 8)
+    assert policy.acceptance > low and policy.retrieval_gain == pytest.approx(0.05 + 1.0)
+    before = (policy.acceptance, policy.retrieval_gain)
+    policy.observe(DEFAULT, 10, [3, 3], 2)  # too few steps to learn from
+    assert (policy.acceptance, policy.retrieval_gain) == before
+
+
+@pytest.mark.measured_costs
+def test_measured_costs_on_a_real_target():
+    target = make_target("qwen2")
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+    policy = TreePolicy(DEFAULT)
+    costs = tree_policy.measure_costs(target, draft, policy.candidates)
+    assert sorted(costs.verify) == [1, 8, 32, 96, 160] and all(s > 0 for s in costs.verify.values())
+    assert set(costs.draft) == set(policy.candidates) - {()} and all(s > 0 for s in costs.draft.values())
+    assert costs.verify_s(64) == pytest.approx((costs.verify[32] + costs.verify[96]) / 2)
+
+
+def test_default_tree_call_reports_its_shape_and_is_exact(family, monkeypatch):
+    monkeypatch.setattr(tree_policy, "measure_costs", linear_costs)
+    target = make_target(family)
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+    ids = torch.randint(3, 99, (1, 30), generator=torch.Generator().manual_seed(5))
+    out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=12)
+    assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=12))
+    stats = draft.last_generation_stats
+    assert sum(stats.beam_widths) <= 3 and stats.retrieval_tokens == 0
+    named = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=12,
+                            longspec_beam_widths=[2, 2])
+    assert torch.equal(named, out) and draft.last_generation_stats.beam_widths == (2, 2)
+    assert draft.last_generation_stats.retrieval_tokens == 10  # a named tree keeps the default retrieval branch
