@@ -8,8 +8,9 @@ tok/s of that call (prefill excluded via `LongSpecStats`), and whether the outpu
 Configurations run one after the other over all prompts (longest first), without compiled regions (τ does not
 depend on them), so each builds its static engine once; the decode tok/s recorded include graph captures.
 
-    python benchmarks/tau_matrix.py --target ~/qwen15 --draft ~/draft --datasets code_completion,summarization,heldout \
-        --buckets 8192,16384,30000 --per-bucket 2 --max-new-tokens 256 --out tau_matrix.json
+    python benchmarks/tau_matrix.py --target ~/qwen15 --draft ~/draft \
+        --datasets code_completion,summarization,heldout --buckets 8192,16384,30000 --per-bucket 2 \
+        --max-new-tokens 256 --out tau_matrix.json
 
 Output: JSON {"meta", "rows"} and a markdown table (median τ per dataset × bucket × configuration) beside it.
 """

@@ -6,6 +6,13 @@ import random
 
 import pytest
 import torch
+from test_sampling import (
+    PROCESSORS,
+    exact_two_token_distribution,
+    random_tree,
+    total_variation,
+    tree_two_token_samples,
+)
 from transformers import LogitsProcessorList
 
 from transformers_longspec import LongSpecDraft, static_step
@@ -13,8 +20,6 @@ from transformers_longspec.retrieval import MAX_NGRAM, add_retrieval_branch, lon
 from transformers_longspec.tree import DraftTree
 from transformers_longspec.verification import deepest_accepted
 
-from test_sampling import PROCESSORS, exact_two_token_distribution, random_tree, total_variation, \
-    tree_two_token_samples
 from tiny_models import make_target
 
 

@@ -23,8 +23,12 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from . import compat
 from .cache import DraftRingCache, LongSpecCache
 from .configuration import validate_beam_widths
-from .retrieval import DEFAULT_RETRIEVAL_TOKENS, add_retrieval_branch, longest_match_continuation, \
-    validate_retrieval_tokens
+from .retrieval import (
+    DEFAULT_RETRIEVAL_TOKENS,
+    add_retrieval_branch,
+    longest_match_continuation,
+    validate_retrieval_tokens,
+)
 from .static_step import StaticTreeStep, StepClock
 from .tree import DraftTree, grow_tree
 from .tree_policy import TreePolicy
@@ -158,8 +162,9 @@ def resolve_beam_widths(draft, generation_config: GenerationConfig, override=Non
 
 
 def resolve_retrieval(generation_config: GenerationConfig, override=None) -> int | None:
-    """Retrieval branch length for this call: `generate(longspec_retrieval=...)` > `generation_config.longspec_retrieval`,
-    or None when neither names one. Raises ValueError for a value that is not an int in [0, 64]."""
+    """Retrieval branch length for this call: `generate(longspec_retrieval=...)` >
+    `generation_config.longspec_retrieval`, or None when neither names one. Raises ValueError for a value that is not
+    an int in [0, 64]."""
     value = override if override is not None else getattr(generation_config, "longspec_retrieval", None)
     return None if value is None else validate_retrieval_tokens(value)
 
