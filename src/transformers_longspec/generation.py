@@ -11,7 +11,12 @@ replaces for LongSpec assistants) and `CandidateGenerator`.
 
 from __future__ import annotations
 
+import functools
+import math
+import threading
 import time
+import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +26,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import compat
-from .cache import DraftRingCache, LongSpecCache
+from .cache import DraftRingCache, LongSpecCache, initial_capacity
 from .configuration import validate_beam_widths
 from .static_step import StaticTreeStep, StepClock
 from .tree import DraftTree, grow_tree
@@ -32,6 +37,10 @@ from .verification import accept, choose_next_tokens, process_tree_logits, verif
 class LongSpecStats:
     """Statistics of one LongSpec `generate` call (read them from `draft.last_generation_stats`).
 
+    `draft.last_generation_stats` is None before the draft's first call and from the start of each call until the
+    call is accepted (a refused call leaves None). A call that raised or was interrupted leaves `finished=False` and
+    the work done until then (tokens emitted, forwards, seconds).
+
     Attributes:
         prompt_tokens, new_tokens: tokens.
         target_forwards: target forward passes, the prefill included.
@@ -39,6 +48,7 @@ class LongSpecStats:
         prefill_s, draft_s, verify_s, total_s: wall-clock seconds (CUDA synchronised at phase boundaries).
         beam_widths: the tree shape used.
         draft_cache_bytes: bytes held by the draft's own cache (ring buffer + tree), constant in the context.
+        finished: True once the call returned its output.
     """
 
     prompt_tokens: int = 0
@@ -51,11 +61,15 @@ class LongSpecStats:
     total_s: float = 0.0
     beam_widths: tuple[int, ...] = ()
     draft_cache_bytes: int = 0
+    finished: bool = False
 
     @property
     def tau(self) -> float:
-        """τ: mean tokens emitted per verification forward (accepted drafts + bonus)."""
-        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
+        """τ: mean tokens emitted per verification forward (accepted drafts + bonus); NaN when no verification ran
+        (max_new_tokens=1, or EOS as the first token): undefined, not zero acceptance."""
+        if not self.accepted_lengths:
+            return math.nan
+        return sum(self.accepted_lengths) / len(self.accepted_lengths)
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -143,6 +157,82 @@ def resolve_beam_widths(draft, generation_config: GenerationConfig, override=Non
     return widths
 
 
+_CALL_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _CallLock
+_CALL_LOCKS_GUARD = threading.Lock()
+
+
+class _CallLock:
+    """One LongSpec call at a time per model: a lock and the thread holding it (to refuse a nested call)."""
+
+    def __init__(self):
+        self.lock, self.owner = threading.Lock(), None
+
+
+def _call_lock(model) -> _CallLock:
+    with _CALL_LOCKS_GUARD:
+        return _CALL_LOCKS.setdefault(model, _CallLock())
+
+
+@contextmanager
+def _exclusive(*models):
+    """Within the block, no other LongSpec call uses any of `models` (target, draft): a call from another thread
+    waits for this one. The locks are taken in one global order, so two calls never wait for each other.
+
+    Raises: ValueError for a nested call from the thread already running one (a streamer or logits processor calling
+        generate again), which would otherwise wait forever.
+    """
+    locks = [lock for _, lock in sorted((id(m), _call_lock(m)) for m in {id(m): m for m in models}.values())]
+    if any(lock.owner == threading.get_ident() for lock in locks):
+        raise ValueError("a LongSpec generate call with this target or draft is already running in this thread "
+                         "(called from a streamer, logits processor or stopping criterion?); make the second call "
+                         "after the first returns, or give it its own target and draft")
+    taken = []
+    try:
+        for lock in locks:
+            lock.lock.acquire()
+            lock.owner = threading.get_ident()
+            taken.append(lock)
+        yield
+    finally:
+        for lock in reversed(taken):
+            lock.owner = None
+            lock.lock.release()
+
+
+def clear_stats_unless_running(draft) -> None:
+    """Set `draft.last_generation_stats` to None, unless a call with this draft is running (then it owns them).
+    Called where `generate` starts, so that a call refused before the decode loop leaves no stale statistics."""
+    lock = _call_lock(draft)
+    if lock.lock.acquire(blocking=False):
+        try:
+            draft.last_generation_stats = None
+        finally:
+            lock.lock.release()
+
+
+def _one_call_at_a_time(decode):
+    """`longspec_tree_decode` under `_exclusive(target, draft)`, with truthful statistics on every exit: None until
+    the call is accepted, `finished=True` after a normal return, the seconds spent when it raised or was interrupted.
+    (The target's attention implementation is restored by `compat.tree_attention` on every exit.)"""
+
+    @functools.wraps(decode)
+    def run(target, draft, *args, **kwargs):
+        with _exclusive(target, draft):
+            draft.last_generation_stats = None
+            start = time.perf_counter()
+            try:
+                result = decode(target, draft, *args, **kwargs)
+            except BaseException:
+                if draft.last_generation_stats is not None:
+                    draft.last_generation_stats.total_s = time.perf_counter() - start
+                raise
+            draft.last_generation_stats.finished = True
+            return result
+
+    return run
+
+
+@_one_call_at_a_time
 def longspec_tree_decode(
     target,
     draft,
@@ -175,9 +265,10 @@ def longspec_tree_decode(
         **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
     Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
     Raises: ValueError for what cannot be honoured (see `compat.check_generate_call`).
+    Calls sharing a target or a draft run one at a time (a second thread waits; `_one_call_at_a_time`).
     Reference: LongSpec §3; transformers `GenerationMixin._assisted_decoding`.
     """
-    compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs)
+    compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs, logits_processor)
     widths = resolve_beam_widths(draft, generation_config, beam_widths)
     device = input_ids.device
     static_shapes, compile = _resolve_static_options(static_shapes, compile, generation_config, device)
@@ -185,7 +276,7 @@ def longspec_tree_decode(
     draft.last_generation_stats = stats
     timer = _Timer(device)
     start = timer.now()
-    capacity = generation_config.max_length + 1 + sum(widths)
+    capacity = initial_capacity(input_ids.shape[1], generation_config.max_length) + 1 + sum(widths)
     if static_shapes:
         engine = _static_engine(target, draft, widths, capacity, compile)
         cache = engine.start(input_ids)
@@ -197,7 +288,7 @@ def longspec_tree_decode(
     scores = logits_processor(input_ids, logits.clone()) if logits_processor else logits
     new_tokens = choose_next_tokens(scores, generation_config.do_sample)
     stats.target_forwards, stats.prefill_s = 1, timer.now() - start
-    output = _Output(input_ids, generation_config, stopping_criteria, streamer)
+    output = _Output(input_ids, generation_config, stopping_criteria, streamer, stats)
     done = output.extend(new_tokens, logits, scores)
     stats.draft_cache_bytes = (engine if static_shapes else generator).ring.nbytes()
     with compat.tree_attention(target):
@@ -272,11 +363,15 @@ class _Output:
     with the sequence so far, exactly as plain decoding calls it.
     """
 
-    def __init__(self, input_ids: torch.Tensor, generation_config: GenerationConfig, stopping_criteria, streamer):
-        self.sequences = input_ids
+    def __init__(self, input_ids: torch.Tensor, generation_config: GenerationConfig, stopping_criteria, streamer,
+                 stats: LongSpecStats):
+        self.sequences, self.stats = input_ids, stats
         self.config = generation_config
         self.stopping_criteria, self.streamer = stopping_criteria, streamer
         self.host_stop = _host_stop_rule(stopping_criteria)
+        # plain decoding calls these per token; beyond the target's context they warn (once), as here
+        self.context_warnings = [c for c in stopping_criteria or [] if type(c) is MaxLengthCriteria
+                                 and c.max_position_embeddings is not None]
         keep = generation_config.return_dict_in_generate
         self.scores = [] if keep and generation_config.output_scores else None
         self.logits = [] if keep and generation_config.output_logits else None
@@ -305,6 +400,10 @@ class _Output:
                 return True
         if self.host_stop is not None:
             self.sequences = torch.cat([self.sequences, tokens[None, :keep]], dim=1)
+            for criterion in self.context_warnings:
+                if self.sequences.shape[1] > criterion.max_position_embeddings:
+                    criterion(self.sequences, None)
+        self.stats.new_tokens = self.sequences.shape[1] - self.stats.prompt_tokens
         return done
 
     def result(self, cache: LongSpecCache | None):
@@ -345,4 +444,5 @@ def _host_stop_rule(stopping_criteria):
     return rule
 
 
-__all__ = ["longspec_tree_decode", "LongSpecCandidateGenerator", "LongSpecStats", "resolve_beam_widths"]
+__all__ = ["longspec_tree_decode", "LongSpecCandidateGenerator", "LongSpecStats", "resolve_beam_widths",
+           "clear_stats_unless_running"]
