@@ -271,11 +271,12 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         self.post_init()
 
     @property
-    def generation_config(self) -> GenerationConfig:  # a draft does not generate by itself: copying this one raises
+    def generation_config(self) -> GenerationConfig:  # a draft does not generate by itself: copying it raises
         return AssistantOnlyGenerationConfig()
 
-    def generate(self, *args, **kwargs):  # a draft is used as target.generate(input_ids, assistant_model=draft)
-        raise ValueError(AssistantOnlyGenerationConfig.MESSAGE)
+    if _HYBRID_TREE_ATTENTION is not None:  # not in the Hub copy, which transformers would make a GenerationMixin
+        def generate(self, *args, **kwargs):  # a draft is used as target.generate(input_ids, assistant_model=draft)
+            raise ValueError(AssistantOnlyGenerationConfig.MESSAGE)
 
     # ------------------------------------------------------------------ target attachment
     @classmethod
@@ -533,8 +534,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return F.cross_entropy(self.lm_logits(hidden).flatten(0, 1), labels.flatten(), reduction="sum")
 
     def free_static_buffers(self) -> None:
-        """Release the target cache and CUDA graphs kept between `generate` calls with static shapes (the default on
-        CUDA, `generation.longspec_tree_decode`); the next call allocates them again."""
+        """Release the target cache and graphs kept between calls with static shapes (the default on CUDA)."""
         self.__dict__.pop("_static_step", None)
     # ------------------------------------------------------------------ saving: a folder ready for the Hub
     def save_pretrained(self, save_directory, *args, model_card: bool = True, **kwargs):
