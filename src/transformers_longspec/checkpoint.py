@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 import torch
-from huggingface_hub import HfApi
+from huggingface_hub import HfApi, constants, try_to_load_from_cache
 from safetensors import SafetensorError, safe_open
 
 MODEL_TYPE = "longspec_draft"
@@ -28,14 +28,20 @@ WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 _FIX = "re-save the draft with draft.save_pretrained(folder) or download it again"
 
 
-def local_draft_folder(name_or_path, subfolder: str = "") -> Path | None:
+def local_draft_folder(name_or_path, subfolder: str = "", hub_kwargs: dict | None = None) -> Path | None:
     """The local folder `name_or_path` names, or None when it is a Hub repository id.
 
     Args:
         name_or_path: what the user passed to `from_pretrained` (str or os.PathLike).
         subfolder: `from_pretrained`'s `subfolder` argument.
+        hub_kwargs: `from_pretrained`'s keyword arguments: when given, a Hub id that is not in the local cache is
+            looked up once on the Hub (`_check_hub_repo`), without the download client's retries.
     Returns: the folder, or None for a Hub id (left to transformers).
-    Raises: ValueError if it names a file, or a path (absolute, or starting with "." or "~") that does not exist.
+    Raises: ValueError if it names a file, or a folder that does not exist: a path that cannot be a Hub repository id
+        `owner/name` (absolute; starting with ".", "~"; no "/" or more than one; characters a Hub id cannot hold) or
+        whose first part is a local folder (`drafts/mine` where `drafts/` exists); with `hub_kwargs`, also an
+        `owner/name` that is neither a folder nor a Hub repository, or the Hub cannot be reached. Said at once
+        instead of after ~45 s of the Hub client's retries.
     """
     text = os.fspath(name_or_path)
     path = Path(os.path.expanduser(text))
@@ -43,11 +49,47 @@ def local_draft_folder(name_or_path, subfolder: str = "") -> Path | None:
         return path / subfolder if subfolder else path
     if path.exists():
         raise ValueError(f"{text!r} is a file; pass the folder the draft was saved to (the one holding config.json)")
-    if path.is_absolute() or text.startswith((".", "~")):
+    if not _could_be_hub_id(text):
+        parent = path.parent
+        where = f" ({str(parent)!r} holds no {path.name!r})" if str(parent) != "." and parent.is_dir() else ""
         raise ValueError(
-            f"no folder {text!r}; pass the folder a draft was saved to with save_pretrained, or a Hub repository id"
+            f"no folder {text!r}{where}; pass the folder a draft was saved to with save_pretrained (check the path "
+            "and the working directory), or a Hub repository id of the form owner/name"
         )
+    if hub_kwargs is not None:
+        _check_hub_repo(text, hub_kwargs)
     return None
+
+
+def _check_hub_repo(repo_id: str, hub_kwargs: dict) -> None:
+    """Raise ValueError unless `repo_id` is cached locally, the Hub is off (`HF_HUB_OFFLINE`, `local_files_only`), or
+    the Hub answers that the repository exists (one request)."""
+    if constants.HF_HUB_OFFLINE or hub_kwargs.get("local_files_only"):
+        return
+    revision, token = hub_kwargs.get("revision"), hub_kwargs.get("token")
+    if isinstance(try_to_load_from_cache(repo_id, CONFIG_NAME, cache_dir=hub_kwargs.get("cache_dir"),
+                                         revision=revision), str):
+        return
+    try:
+        exists = HfApi().repo_exists(repo_id, token=token)
+    except Exception as err:  # the HTTP client's connection errors: re-raised with both readings of the name
+        raise ValueError(
+            f"no folder {repo_id!r} here ({os.getcwd()}), and the Hub could not be reached to look for a repository "
+            f"of that name ({type(err).__name__}: {err}); check the path, or the network (HF_HUB_OFFLINE=1 loads Hub "
+            "drafts from the local cache only)"
+        ) from err
+    if not exists:
+        raise ValueError(
+            f"no folder {repo_id!r} here ({os.getcwd()}), and no Hub repository of that name (or it is private: pass "
+            "token=...); check the path or the repository id"
+        )
+
+
+def _could_be_hub_id(text: str) -> bool:
+    """True for `owner/name` made of Hub-legal characters whose `owner` is not a local folder."""
+    parts = text.split("/")
+    legal = all(part and part not in (".", "..") and all(c.isalnum() or c in "-_." for c in part) for part in parts)
+    return legal and len(parts) == 2 and not os.path.isdir(parts[0]) and not text.startswith((".", "~"))
 
 
 def read_draft_config(folder: Path) -> dict:

@@ -8,8 +8,11 @@ What we patch or register (idempotently, by `install()`, which `import transform
   `longspec_*` kwargs of `generate` (e.g. `longspec_beam_widths=[4, 8, 8]`) reach the decode loop instead of
   being rejected as unused model kwargs (the same options set on the `GenerationConfig` are read by the decode
   loop when the call does not give them).
-* `GenerationConfig.get_generation_mode` (public method, wrapped): beam search with a LongSpec assistant
-  raises instead of silently ignoring the assistant (stock behaviour is a warning).
+* `GenerationConfig.get_generation_mode` (public method, wrapped): beam search, contrastive search or constraints with
+  a LongSpec assistant raise instead of silently ignoring the assistant (stock behaviour is a warning).
+* `GenerationMixin._prepare_model_inputs` (private, wrapped): a prompt that is a list or a 1-D tensor raises a
+  ValueError giving the expected shape, for any decoder-only model (stock `generate` fails on them a few lines later
+  with an IndexError or AttributeError).
 * `AttentionInterface` / `AttentionMaskInterface` (public registries): the "longspec" attention.
 * `AutoConfig` / `AutoModel` (public registries): `model_type="longspec_draft"`.
 * `_previous_max_cache_length` (private attribute `generate` leaves on a model after a static-cache call):
@@ -35,8 +38,15 @@ import torch
 from packaging import version
 from transformers import AttentionInterface, AutoConfig, AutoModel, DynamicCache, GenerationConfig
 from transformers import __version__ as transformers_version
+from transformers.generation.configuration_utils import GenerationMode
+from transformers.generation.logits_process import (
+    SynthIDTextWatermarkLogitsProcessor,
+    UnbatchedClassifierFreeGuidanceLogitsProcessor,
+)
 from transformers.generation.utils import GenerationMixin
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .call_lock import clear_stats_unless_running
 
 ATTENTION_NAME = "longspec"
 # per-call `generate(longspec_<name>=...)` options, passed to `longspec_tree_decode(<name>=...)`
@@ -45,6 +55,35 @@ MODEL_TYPE = "longspec_draft"
 MIN_TRANSFORMERS = version.parse("5.17.0")
 _ORIGINALS: dict[str, object] = {}
 _MISSING = object()
+_TUNES_HF_ASSISTED = "it tunes transformers' own assisted decoding; LongSpec's tree shape is longspec_beam_widths"
+_OTHER_SPECULATION = "it selects another speculative decoding method"
+# generate options the tree decoding cannot honour: name -> (value that means "off", why)
+UNHONOURED_OPTIONS = {
+    "guidance_scale": (1, "classifier-free guidance runs a second, unconditional forward per emitted token, which "
+                          "tree verification cannot run per tree node"),
+    "num_assistant_tokens": (20, _TUNES_HF_ASSISTED),
+    "num_assistant_tokens_schedule": ("constant", _TUNES_HF_ASSISTED),
+    "assistant_confidence_threshold": (0.4, _TUNES_HF_ASSISTED),
+    "assistant_lookbehind": (10, _TUNES_HF_ASSISTED),
+    "target_lookbehind": (10, _TUNES_HF_ASSISTED),
+    "assistant_early_exit": (None, _OTHER_SPECULATION),
+    "assistant_ensemble_weight": (None, "ensemble verification is not lossless; LongSpec returns the target's tokens"),
+    "speculation_type": (None, _OTHER_SPECULATION),
+    "use_mtp": (False, _OTHER_SPECULATION),
+    "max_matching_ngram_size": (None, "it tunes prompt-lookup decoding"),
+    "low_memory": (None, "it belongs to contrastive search, which an assistant replaces"),
+    "dola_layers": (None, "DoLa decoding cannot be combined with an assistant"),
+    "prefill_chunk_size": (None, "LongSpec prefills the prompt in one forward"),
+}
+# logits processors with state across calls: per-node calls on the tree's prefixes would corrupt it
+_STATEFUL_PROCESSORS = {
+    UnbatchedClassifierFreeGuidanceLogitsProcessor: "guidance_scale (classifier-free guidance)",
+    SynthIDTextWatermarkLogitsProcessor: "SynthID watermarking (watermarking_config)",
+}
+# model kwargs `generate` itself prepares; any other one would reach plain decoding's forwards but not LongSpec's
+_GENERATE_MODEL_KWARGS = {"attention_mask", "use_cache", "past_key_values", "position_ids", "cache_position",
+                          "logits_to_keep", "num_logits_to_keep", "inputs_embeds", "output_attentions",
+                          "output_hidden_states"}
 
 
 def _is_longspec(assistant_model) -> bool:
@@ -122,8 +161,13 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
 def _extract_generation_mode_kwargs(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):
     options = [k for k in kwargs if k.startswith("longspec_")]
     if _is_longspec(assistant_model):
+        clear_stats_unless_running(assistant_model)  # a call refused from here on leaves no stale statistics
         # before transformers compares vocabularies and suggests assistant_tokenizer, which LongSpec cannot use
         assistant_model.check_target_sizes(self)
+        if kwargs.get("past_key_values") is not None:
+            raise ValueError(f"LongSpec manages its own target cache; do not pass past_key_values (got "
+                             f"{type(kwargs['past_key_values']).__name__}), or drop assistant_model")
+        _refuse_unhonoured({k: kwargs[k] for k in UNHONOURED_OPTIONS if kwargs.get(k) is not None})
         extra = {k: kwargs.pop(k) for k in options}
     else:
         _refuse_longspec_options(assistant_model, options)
@@ -141,7 +185,29 @@ def _get_generation_mode(self, assistant_model=None):
             f"num_beams={self.num_beams} cannot be combined with a LongSpec assistant (tree speculation replaces "
             "beam search); use num_beams=1, or drop assistant_model for beam search"
         )
-    return _ORIGINALS["get_generation_mode"](self, assistant_model)
+    mode = _ORIGINALS["get_generation_mode"](self, assistant_model)
+    if _is_longspec(assistant_model) and mode != GenerationMode.ASSISTED_GENERATION:
+        raise ValueError(
+            f"these generate options select {mode.value} (constraints / force_words_ids, or penalty_alpha with top_k "
+            "for contrastive search), which would ignore the LongSpec assistant; drop them, or drop assistant_model"
+        )
+    return mode
+
+
+def _prepare_model_inputs(self, inputs=None, bos_token_id=None, model_kwargs=None):
+    result = _ORIGINALS["_prepare_model_inputs"](self, inputs, bos_token_id, model_kwargs)
+    prompt, name = result[0], result[1]
+    if name == "input_ids" and not self.config.is_encoder_decoder and not (
+        isinstance(prompt, torch.Tensor) and prompt.dim() == 2
+    ):
+        got = f"a {prompt.dim()}-D tensor of shape {tuple(prompt.shape)}" if isinstance(prompt, torch.Tensor) else (
+            f"a {type(prompt).__name__}")
+        raise ValueError(
+            f"input_ids must be a (batch, prompt_len) LongTensor, e.g. (1, prompt_len) for one prompt; got {got}. "
+            "Pass tokenizer(text, return_tensors='pt').input_ids, ids[None] for a 1-D tensor, or torch.tensor([ids]) "
+            "for a list"
+        )
+    return result
 
 
 def install() -> None:
@@ -166,9 +232,11 @@ def install() -> None:
     _ORIGINALS["_assisted_decoding"] = GenerationMixin._assisted_decoding
     _ORIGINALS["_extract_generation_mode_kwargs"] = GenerationMixin._extract_generation_mode_kwargs
     _ORIGINALS["get_generation_mode"] = GenerationConfig.get_generation_mode
+    _ORIGINALS["_prepare_model_inputs"] = GenerationMixin._prepare_model_inputs
     GenerationMixin._assisted_decoding = functools.wraps(GenerationMixin._assisted_decoding)(_assisted_decoding)
     GenerationMixin._extract_generation_mode_kwargs = _extract_generation_mode_kwargs
     GenerationConfig.get_generation_mode = _get_generation_mode
+    GenerationMixin._prepare_model_inputs = _prepare_model_inputs
 
 
 def uninstall() -> None:
@@ -178,6 +246,7 @@ def uninstall() -> None:
     GenerationMixin._assisted_decoding = _ORIGINALS.pop("_assisted_decoding")
     GenerationMixin._extract_generation_mode_kwargs = _ORIGINALS.pop("_extract_generation_mode_kwargs")
     GenerationConfig.get_generation_mode = _ORIGINALS.pop("get_generation_mode")
+    GenerationMixin._prepare_model_inputs = _ORIGINALS.pop("_prepare_model_inputs")
 
 
 @contextmanager
@@ -241,16 +310,26 @@ def forget_static_cache_length(model) -> None:
     model.__dict__.pop("_previous_max_cache_length", None)
 
 
-def check_generate_call(target, draft, input_ids, generation_config, model_kwargs) -> None:
+def check_generate_call(target, draft, input_ids, generation_config, model_kwargs, logits_processor=None) -> None:
     """Raise ValueError, before any work, for a `generate` call LongSpec cannot honour exactly.
 
-    Checks: batch size 1; a non-empty integer prompt without padding whose ids fit the target's embedding (one host
-    sync); use_cache; no user cache; no attention/hidden-state outputs; no unknown `longspec_*` option on the
-    generation config; no prompt-lookup decoding; the draft attached
-    to THIS target with the same device and dtype as the target and the prompt; the context length.
+    Checks: input_ids, not inputs_embeds; batch size 1; a non-empty integer prompt without padding whose ids fit the
+    target's embedding, at positions 0... (one host sync); no model kwargs that only plain decoding would pass on;
+    use_cache; no user cache; no attention/hidden-state outputs; no unknown `longspec_*` option on the generation
+    config; no prompt-lookup decoding nor any option of `UNHONOURED_OPTIONS`; no logits processor that keeps state
+    across calls (classifier-free guidance, SynthID); the draft attached to THIS target with the same device and dtype
+    as the target and the prompt. A prompt + max_new_tokens beyond the target's context is decoded, as plain decoding
+    does (with transformers' warning once the output passes it).
     Raises: ValueError naming the problem and the fix.
     Reference: transformers `GenerationMixin._assisted_decoding` (same limits) and LongSpec §3.
     """
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("inputs_embeds is not supported by LongSpec decoding (the draft embeds token ids with the "
+                         "target's embedding); pass input_ids instead")
+    extra = sorted(k for k, v in model_kwargs.items() if k not in _GENERATE_MODEL_KWARGS and v is not None)
+    if extra:
+        raise ValueError(f"LongSpec decoding does not pass {extra} to the target's forwards (plain decoding would); "
+                         "drop them, or drop assistant_model")
     _check_prompt(target, input_ids, model_kwargs)
     if not model_kwargs.get("use_cache", True):
         raise ValueError("LongSpec decoding needs the KV cache; remove use_cache=False")
@@ -271,6 +350,13 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
         raise ValueError(
             "prompt_lookup_num_tokens selects prompt-lookup decoding, which a LongSpec assistant replaces; drop one"
         )
+    _refuse_unhonoured({name: getattr(generation_config, name, None) for name, (off, _) in UNHONOURED_OPTIONS.items()
+                        if getattr(generation_config, name, None) not in (None, off)})
+    for processor in logits_processor or []:
+        if type(processor) in _STATEFUL_PROCESSORS:
+            raise ValueError(f"{_STATEFUL_PROCESSORS[type(processor)]} keeps state from one emitted token to the "
+                             "next, which LongSpec's per-tree-node logits processing would corrupt; drop it, or drop "
+                             "assistant_model")
     draft.check_target_sizes(target)
     shared = draft._shared
     if shared is None or shared.embed_tokens is not target.get_input_embeddings():
@@ -287,12 +373,13 @@ def check_generate_call(target, draft, input_ids, generation_config, model_kwarg
     if input_ids.device != t.device:
         raise ValueError(f"input_ids are on {input_ids.device} but the target is on {t.device}; pass "
                          f"input_ids.to({str(t.device)!r})")
-    limit = target.config.get_text_config().max_position_embeddings
-    if generation_config.max_length > limit:
-        raise ValueError(
-            f"prompt + max_new_tokens (max_length) = {generation_config.max_length} tokens exceeds the target's "
-            f"context of {limit} tokens; shorten the prompt or lower max_new_tokens"
-        )
+
+
+def _refuse_unhonoured(values: dict) -> None:
+    """Raise ValueError naming the first of `values` ({option: value}, options of `UNHONOURED_OPTIONS`), if any."""
+    for name, value in sorted(values.items()):
+        raise ValueError(f"{name}={value!r} cannot be honoured by LongSpec decoding ({UNHONOURED_OPTIONS[name][1]}); "
+                         f"drop {name}, or drop assistant_model")
 
 
 def _known_options() -> str:
@@ -325,6 +412,10 @@ def _check_prompt(target, input_ids, model_kwargs) -> None:
             "the prompt holds the pad token id); pass the unpadded prompt, or attention_mask=torch.ones_like(ids) "
             "if those tokens are content"
         )
+    positions = model_kwargs.get("position_ids")
+    if positions is not None and not torch.equal(positions.view(-1).cpu(), torch.arange(input_ids.shape[1])):
+        raise ValueError("LongSpec places the prompt at positions 0 ... prompt_len - 1; drop position_ids, or drop "
+                         "assistant_model")
 
 
 __all__ = [

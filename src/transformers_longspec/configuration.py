@@ -12,7 +12,7 @@ import os
 import re
 
 from huggingface_hub.dataclasses import strict
-from transformers import PreTrainedConfig
+from transformers import GenerationConfig, PreTrainedConfig
 
 # Target families whose decoder we know how to read (gated SiLU MLP, RoPE on q/k, KV cache in
 # (batch, n_kv_heads, kv_len, head_dim)); adding one is a row here plus a test (CONTRIBUTING.md).
@@ -255,7 +255,23 @@ def check_target_config(text_config) -> None:
 # AutoConfig/AutoModel(..., trust_remote_code=True) without this package (this module imports transformers only).
 LongSpecConfig.register_for_auto_class()
 
+class AssistantOnlyGenerationConfig(GenerationConfig):
+    """What `draft.generation_config` returns. transformers' own assisted decoding (run when `transformers_longspec` is
+    not imported, e.g. a draft loaded as Hub remote code) first copies its assistant's generation config: this copy
+    raises ValueError naming the fix (`MESSAGE`) instead of a bare AttributeError."""
+
+    MESSAGE = (
+        "a LongSpec draft does not generate by itself: pass it to its target, target.generate(input_ids, "
+        "assistant_model=draft), after `import transformers_longspec` (pip install transformers-longspec), which runs "
+        "the tree decoding"
+    )
+
+    def __deepcopy__(self, memo):
+        raise ValueError(self.MESSAGE)
+
+
 __all__ = [
     "LongSpecConfig", "validate_beam_widths", "check_target_config", "target_fixed_sizes", "size_mismatches",
     "hub_repo_id", "SUPPORTED_TARGET_TYPES",
+    "AssistantOnlyGenerationConfig",
 ]

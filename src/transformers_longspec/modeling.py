@@ -6,10 +6,10 @@
     x = x + mlp(norm3(x))              gated MLP (transformers' LlamaMLP)
     logits = target.lm_head(norm(x))                               # shared, not owned
 
-The embedding, LM head and rotary embedding are the target's: they are held outside the module tree (see
-`attach_target`), so `state_dict`, `save_pretrained`, optimizers and `.to()` only ever see draft weights.
-Departure from the authors' code: a final RMSNorm before the shared LM head (initialised from the target's
-final norm), which the LM head was trained to expect; the cross-attention has no dead k/v projections.
+The embedding, LM head and rotary embedding are the target's: they are held outside the module tree (`attach_target`),
+so `state_dict`, `save_pretrained`, optimizers and `.to()` only ever see draft weights. Departure from the authors'
+code: a final RMSNorm before the shared LM head (initialised from the target's final norm), which the LM head was
+trained to expect; the cross-attention has no dead k/v projections.
 
 Reference: LongSpec (arXiv 2502.17421) §3.1; transformers `modeling_llama.py` for the blocks we reuse.
 """
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, rotate_half
 from transformers.utils import ModelOutput
@@ -40,7 +40,7 @@ from .checkpoint import (
     non_finite_parameters,
     upload_draft_folder,
 )
-from .configuration import LongSpecConfig, check_target_config, size_mismatches
+from .configuration import AssistantOnlyGenerationConfig, LongSpecConfig, check_target_config, size_mismatches
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -264,10 +264,19 @@ class LongSpecDraft(LongSpecPreTrainedModel):
 
     def __init__(self, config: LongSpecConfig):
         super().__init__(config)
+        self.last_generation_stats = None  # `LongSpecStats` of the latest generate call (None before the first)
         self.block = LongSpecBlock(config)
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.__dict__["_shared"] = None
         self.post_init()
+
+    @property
+    def generation_config(self) -> GenerationConfig:  # a draft does not generate by itself: copying it raises
+        return AssistantOnlyGenerationConfig()
+
+    if _HYBRID_TREE_ATTENTION is not None:  # not in the Hub copy, which transformers would make a GenerationMixin
+        def generate(self, *args, **kwargs):  # a draft is used as target.generate(input_ids, assistant_model=draft)
+            raise ValueError(AssistantOnlyGenerationConfig.MESSAGE)
 
     # ------------------------------------------------------------------ target attachment
     @classmethod
@@ -303,7 +312,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             fit `target_model` (see `attach_target`).
         Reference: transformers `PreTrainedModel.from_pretrained`.
         """
-        folder = local_draft_folder(pretrained_model_name_or_path, kwargs.get("subfolder", ""))
+        folder = local_draft_folder(pretrained_model_name_or_path, kwargs.get("subfolder", ""), kwargs)
         if folder is not None and kwargs.get("variant") is None:
             check_saved_draft(folder, cls)
         want_info = kwargs.pop("output_loading_info", False)
@@ -449,8 +458,8 @@ class LongSpecDraft(LongSpecPreTrainedModel):
     def forward(
         self,
         input_ids: torch.LongTensor,
-        target_keys: torch.Tensor,
-        target_values: torch.Tensor,
+        target_keys: torch.Tensor | None = None,
+        target_values: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         labels: torch.LongTensor | None = None,
         noise_offset: int = 1,
@@ -470,9 +479,12 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             return_logits: also return the full fp32 logits (memory: batch * seq * vocab * 4 bytes).
             loss_chunk_size: positions per LM-head chunk in the loss (bounds the logits memory).
         Returns: `LongSpecDraftOutput`.
-        Raises: ValueError if shapes disagree or noise_offset < 1.
+        Raises: ValueError if the target K/V are missing (to generate, see `generate`), shapes disagree or offset < 1.
         Reference: LongSpec §3.2 (training with the target's KV cache, Alg. 1–2).
         """
+        if target_keys is None or target_values is None:
+            raise ValueError("LongSpecDraft.forward is the training forward over the target's last-layer K/V "
+                             f"(target_keys, target_values); {AssistantOnlyGenerationConfig.MESSAGE}")
         batch, seq = input_ids.shape
         if target_keys.shape[0] != batch or target_keys.shape[2] != seq or target_values.shape != target_keys.shape:
             raise ValueError(
@@ -522,8 +534,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return F.cross_entropy(self.lm_logits(hidden).flatten(0, 1), labels.flatten(), reduction="sum")
 
     def free_static_buffers(self) -> None:
-        """Release the target cache and CUDA graphs kept between `generate` calls with static shapes (the default on
-        CUDA, `generation.longspec_tree_decode`); the next call allocates them again."""
+        """Release the target cache and graphs kept between calls with static shapes (the default on CUDA)."""
         self.__dict__.pop("_static_step", None)
     # ------------------------------------------------------------------ saving: a folder ready for the Hub
     def save_pretrained(self, save_directory, *args, model_card: bool = True, **kwargs):
@@ -585,7 +596,5 @@ class LongSpecDraft(LongSpecPreTrainedModel):
 # imports) beside the weights: `AutoModel.from_pretrained(folder, trust_remote_code=True)` then needs no package.
 LongSpecDraft.register_for_auto_class("AutoModel")
 
-__all__ = [
-    "LongSpecDraft", "LongSpecPreTrainedModel", "LongSpecDraftOutput", "sliding_window_attention",
-    "sliding_window_causal_mask",
-]
+__all__ = ["LongSpecDraft", "LongSpecPreTrainedModel", "LongSpecDraftOutput", "sliding_window_attention",
+           "sliding_window_causal_mask"]

@@ -51,7 +51,7 @@ from .verification import deepest_accepted
 
 TAIL = 512  # tokens per bucket of the committed length; a new graph pair is captured per bucket
 MAX_GRAPHS = 64  # graph pairs kept per engine (least recently used evicted): ~21 MB of logits each for a 150k vocab
-CAPACITY_STEP = 4096  # engine buffers grow in these steps (tokens): calls of similar lengths share graphs
+CAPACITY_STEP = 4096  # engine buffers come and grow in these steps (tokens): calls of similar lengths share graphs
 
 
 class StaticTreeStep:
@@ -61,10 +61,10 @@ class StaticTreeStep:
         target: the target `*ForCausalLM` (batch size 1).
         draft: an attached `LongSpecDraft` on the same device.
         beam_widths: tree shape (see `tree.grow_tree`).
-        capacity: tokens the target cache must hold (prompt + new tokens); buffers are sized for it plus the tail
-            block and the tree, rounded up to a multiple of `CAPACITY_STEP`, so they never grow during decoding and
-            later calls of similar lengths (a 1-token and a 256-token call on one prompt) reuse the engine and its
-            captured graphs.
+        capacity: tokens the target cache must hold at first (the prompt and the first new tokens); buffers are sized
+            for it plus the tail block and the tree, rounded up to a multiple of `CAPACITY_STEP`, so later calls of
+            similar lengths (a 1-token and a 256-token call on one prompt) reuse the engine and its captured graphs.
+            A longer output grows them in `CAPACITY_STEP`s (`_grow_for`).
         cuda_graphs: capture and replay CUDA graphs (CUDA only); False runs the same static-shape code eagerly.
         compile: run the draft step and the target's decoder layers as `torch.compile` regions (module docstring).
         retrieval_tokens: length of the retrieval branch every tree carries (`retrieval.py`; 0: none); the lookup
@@ -124,9 +124,27 @@ class StaticTreeStep:
         return self.cache
 
     def record(self, sequences: torch.Tensor) -> None:
-        """Copy the tokens of `sequences` (1, length) int64 emitted since the last call into the token buffer."""
+        """Copy the tokens of `sequences` (1, length) int64 emitted since the last call into the token buffer (grown
+        first if the next step would not fit, `_grow_for`)."""
+        self._grow_for(sequences.shape[1])
         self.tokens[self._written : sequences.shape[1]] = sequences[0, self._written :]
         self._written = sequences.shape[1]
+
+    def _grow_for(self, length: int) -> None:
+        """Make room for a step on a sequence of `length` tokens: `length + TAIL + tree_size` cache rows. Beyond the
+        current capacity, the target cache and token buffer are reallocated in steps of `CAPACITY_STEP` tokens (the
+        committed rows copied over) and the captured graphs, which read the old buffers, are dropped (they are captured
+        again on the next step of each bucket)."""
+        if length + TAIL + self.tree_size <= self.capacity:
+            return
+        self.capacity = _round_up(length + TAIL + self.tree_size, CAPACITY_STEP)
+        committed = self.cache.committed_length
+        self.cache.storage.resize(self.capacity, keep=committed)
+        self.cache.set_length(committed)
+        tokens = self.tokens.new_zeros(self.capacity)
+        tokens[: self._written] = self.tokens[: self._written]
+        self.tokens = tokens
+        self._graphs.clear()
 
     def tree_start(self, committed: int) -> int:
         """Cache row where the verification writes tree node 0, for `committed` tokens."""
