@@ -65,7 +65,7 @@ case "$1" in
     bench --methods "$GREEDY_METHODS,longspec_deep_tree" "${VARIANTS[@]}" --variant "$DEEP" \
       --datasets "${DATASETS:-code_completion,summarization}" --buckets "${BUCKETS:-8192,16384,30000}" ;;
   greedy-retrieval)
-    bench --methods sdpa,static_compile,plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain \
+    bench --methods "${METHODS:-sdpa,static_compile,plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain}" \
       "${RETRIEVAL[@]}" --datasets "${DATASETS:-code_completion,summarization,heldout}" \
       --buckets "${BUCKETS:-8192,16384,30000}" ;;
   greedy-math)

@@ -14,6 +14,7 @@ case "${1:-}" in tests|profile) mode=$1; shift ;; esac
 
 if [ "$mode" != profile ]; then
   python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda_graphs.py tests/test_attention.py \
+    "tests/test_bench_plain_graph.py" \
     "tests/test_long_run.py::test_thousand_generations_stay_exact_and_flat[cuda]" 2>&1 | tail -25 \
     | tee "$OUT/gpu_tests.log"
 fi

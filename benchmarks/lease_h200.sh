@@ -32,13 +32,14 @@ case "${1:-}" in
     phase convert bash benchmarks/gpu_qwen.sh prepare
     mkdir -p "$HOME/stage" && ln -sfn "$HOME/qwen15" "$HOME/stage/qwen2.5-coder-1.5b-instruct"
     phase gputests bash benchmarks/gpu_check.sh tests &
-    phase train env DRAFT="$draft" bash benchmarks/gpu_train_mix.sh
+    phase train env DRAFT="$draft" TRAIN_EXTRA="--max-steps ${STEPS:-1000}" bash benchmarks/gpu_train_mix.sh
     wait
     phase tau bash -c "bash benchmarks/assemble_package.sh /tmp/pkg-tau && PYTHONPATH=/tmp/pkg-tau:\$HOME/stage/site \
       LONGSPEC_EVAL_DIR=\$PWD/.evaldata PYTHONUNBUFFERED=1 python3 benchmarks/tau_matrix.py --target \$HOME/qwen15 \
-      --draft $draft --datasets code_completion,summarization,heldout --buckets 2048,4096,8192,16384,30000 \
-      --per-bucket 2 --max-new-tokens 256 --max-seconds 300 --out \$OUT/tau_matrix.json"
-    phase bench env DRAFT="$draft" NEW=256 MAX_S=300 DATASETS=code_completion,summarization,heldout \
+      --draft $draft --datasets code_completion,summarization,heldout:4 --buckets 2048,4096,8192,16384,30000 \
+      --per-bucket 2 --max-new-tokens 256 --max-seconds 240 --out \$OUT/tau_matrix.json"
+    phase bench env DRAFT="$draft" NEW=256 MAX_S=270 DATASETS=heldout,code_completion,summarization BUCKETS=8192,30000 \
+      METHODS=sdpa,plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain \
       bash benchmarks/gpu_bench.sh greedy-retrieval
     echo "$(date +%T) DONE" >> "$L/status" ;;
   wait)
