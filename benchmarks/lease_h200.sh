@@ -11,12 +11,12 @@
 set -uo pipefail
 L=$HOME/lease
 
-phase() {  # phase NAME COMMAND...: run COMMAND with OUT=$L/out/NAME, log it, record the outcome
-  local name=$1
-  shift
+phase() {  # phase NAME SECONDS COMMAND...: run COMMAND (killed after SECONDS) with OUT=$L/out/NAME, log the outcome
+  local name=$1 limit=$2
+  shift 2
   mkdir -p "$L/out/$name"
   echo "$(date +%T) start $name" >> "$L/status"
-  (cd "$L/repo" && OUT=$L/out/$name "$@") > "$L/out/$name/phase.log" 2>&1
+  (cd "$L/repo" && OUT=$L/out/$name timeout "$limit" "$@") > "$L/out/$name/phase.log" 2>&1
   echo "$(date +%T) end $name rc=$?" >> "$L/status"
 }
 
@@ -26,19 +26,22 @@ case "${1:-}" in
     tar --exclude=./.stage --exclude=./.git -cf - . | tar -xf - -C "$L/repo"
     setsid nohup bash "$L/repo/benchmarks/lease_h200.sh" pipeline > "$L/pipeline.log" 2>&1 < /dev/null &
     sleep 2 && cat "$L/status" 2>/dev/null; echo launched ;;
-  pipeline)
+  pipeline)  # phase limits keep the whole lease inside its device time; override with STEPS / TAU_S / BENCH_S
     export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown}
     draft=$HOME/draft-qwen15-mix
-    phase convert bash benchmarks/gpu_qwen.sh prepare
+    phase convert 300 bash benchmarks/gpu_qwen.sh prepare
     mkdir -p "$HOME/stage" && ln -sfn "$HOME/qwen15" "$HOME/stage/qwen2.5-coder-1.5b-instruct"
-    phase gputests bash benchmarks/gpu_check.sh tests &
-    phase train env DRAFT="$draft" TRAIN_EXTRA="--max-steps ${STEPS:-1000}" bash benchmarks/gpu_train_mix.sh
+    phase gputests 300 bash benchmarks/gpu_check.sh tests &
+    phase train "${TRAIN_S:-420}" env DRAFT="$draft" TRAIN_EXTRA="--max-steps ${STEPS:-1000}" \
+      MIX_SET="${MIX_SET:-}" bash benchmarks/gpu_train_mix.sh
     wait
-    phase tau bash -c "bash benchmarks/assemble_package.sh /tmp/pkg-tau && PYTHONPATH=/tmp/pkg-tau:\$HOME/stage/site \
-      LONGSPEC_EVAL_DIR=\$PWD/.evaldata PYTHONUNBUFFERED=1 python3 benchmarks/tau_matrix.py --target \$HOME/qwen15 \
-      --draft $draft --datasets code_completion,summarization,heldout:4 --buckets 2048,4096,8192,16384,30000 \
-      --per-bucket 2 --max-new-tokens 256 --max-seconds 240 --out \$OUT/tau_matrix.json"
-    phase bench env DRAFT="$draft" NEW=256 MAX_S=270 DATASETS=heldout,code_completion,summarization BUCKETS=8192,30000 \
+    phase tau $((${TAU_S:-240} + 60)) bash -c "bash benchmarks/assemble_package.sh /tmp/pkg-tau && \
+      PYTHONPATH=/tmp/pkg-tau:\$HOME/stage/site LONGSPEC_EVAL_DIR=\$PWD/.evaldata PYTHONUNBUFFERED=1 python3 \
+      benchmarks/tau_matrix.py --target \$HOME/qwen15 --draft $draft --datasets \
+      code_completion,summarization,heldout:4 --buckets 2048,4096,8192,16384,30000 --per-bucket 2 \
+      --max-new-tokens 256 --max-seconds ${TAU_S:-240} --out \$OUT/tau_matrix.json"
+    phase bench $((${BENCH_S:-270} + 90)) env DRAFT="$draft" NEW=256 MAX_S="${BENCH_S:-270}" \
+      DATASETS="${BENCH_DATASETS:-heldout,code_completion,summarization}" BUCKETS=8192,30000 \
       METHODS=sdpa,plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain \
       bash benchmarks/gpu_bench.sh greedy-retrieval
     echo "$(date +%T) DONE" >> "$L/status" ;;

@@ -425,7 +425,8 @@ class LongSpecDraft(LongSpecPreTrainedModel):
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Shared LM head on normed draft states (batch, seq, hidden) → fp32 logits (batch, seq, vocab)."""
-        return self._require_target().lm_head(hidden).float()
+        head = self._require_target().lm_head
+        return head(hidden.to(head.weight.dtype)).float()  # fp32 draft states (training) meet a bf16 head
 
     def self_kv(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
         """Self-attention K/V of tokens at positions, each (1, n_kv_heads, seq, head_dim).

@@ -70,7 +70,7 @@ def longest_match_continuation(tokens: torch.Tensor, last, n: int, max_ngram: in
     match = torch.where(ends < last, match, 0)  # earlier end positions only
     ahead = (last - ends).clamp(max=n)  # continuation tokens already known
     best = (match * (n + 1) + ahead) * length + ends  # longest match, then longest known continuation, then latest
-    j = best.argmax()
+    j = best.argmax().view(1)  # indexing with (1,) tensors, never a 0-dim one: that would read it on the host
     offsets = torch.arange(1, n + 1, device=device)
     known = (match[j] > 0) & (j + offsets <= last)
     return tokens[(j + offsets).clamp(max=length - 1)], known
@@ -99,13 +99,14 @@ def add_retrieval_branch(tree: DraftTree, continuation: torch.Tensor, known: tor
     if tree.alive is not None:
         on_chain &= tree.alive
     agree = (on_chain[None, :] | ~tree.ancestors).all(dim=1)
-    merged = torch.where(agree, tree.depths, -1).argmax()  # the deepest draft node on the chain's path (root: 0)
+    # the deepest draft node on the chain's path (root: 0), as a (1,) tensor: a 0-dim index would sync with the host
+    merged = torch.where(agree, tree.depths, -1).argmax().view(1)
     k = tree.depths[merged]
     alive = (steps > k) & known
     previous = torch.where(steps == 1, 0, size + steps - 2)  # dead nodes t <= k chain from the root
     parents = torch.cat([tree.parents, torch.where(steps == k + 1, merged, previous)])
     is_root = torch.arange(size, device=device) == 0
-    draft_part = torch.where((steps > k)[:, None], tree.ancestors[merged][None, :], is_root[None, :])
+    draft_part = torch.where((steps > k)[:, None], tree.ancestors[merged], is_root[None, :])
     chain_part = (steps[None, :] <= steps[:, None]) & ((steps[None, :] > k) | (steps[:, None] <= k))
     ancestors = torch.cat([
         torch.cat([tree.ancestors, tree.ancestors.new_zeros(size, n)], dim=1),

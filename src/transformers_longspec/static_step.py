@@ -288,9 +288,9 @@ class StaticTreeStep:
         Reference: LongSpec §3.3; `verification.accept` and `LongSpecCache.commit_path` (the eager twins).
         """
         choices = logits.argmax(dim=-1)
-        last = deepest_accepted(tree, choices)
+        last = deepest_accepted(tree, choices).view(1)  # a (1,) index: a 0-dim one would be read on the host
         slots = self._path_slots
-        depth_slot = torch.where(tree.ancestors[last], tree.depths, slots.numel())  # off-path nodes: a spare slot
+        depth_slot = torch.where(tree.ancestors[last][0], tree.depths, slots.numel())  # off-path nodes: a spare slot
         path = torch.zeros(slots.numel() + 1, dtype=torch.long, device=self.device)
         path = path.scatter(0, depth_slot, torch.arange(tree.size, device=self.device))[:-1]
         n = tree.depths[last] + 1
@@ -299,7 +299,7 @@ class StaticTreeStep:
         buffer = self.cache.storage.tensor
         rows = buffer.index_select(4, path + self.tree_start(bucket))  # gather first: sources and targets overlap
         buffer.index_copy_(4, self.committed + slots, rows)
-        return torch.cat([n.view(1), emitted, path])
+        return torch.cat([n, emitted, path])
 
 
 def _compile_regions(target, draft) -> dict[type, tuple[str, object]]:
