@@ -112,7 +112,7 @@ def deepest_accepted(tree: DraftTree, next_tokens: torch.Tensor) -> torch.Tensor
     matches = tree.tokens == parent_choice
     if tree.alive is not None:
         matches &= tree.alive
-    matches[..., 0] = True
+    matches = matches | (tree.depths == 0)  # the root is always on the path (no in-place scalar write: capturable)
     # a node is on a good path iff none of its ancestors (itself included) mismatches
     bad = (~matches).to(torch.float32) @ tree.ancestors.T.to(torch.float32)
     depth_if_good = torch.where(bad == 0, tree.depths, -1)
