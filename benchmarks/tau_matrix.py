@@ -31,9 +31,10 @@ from transformers_longspec.bench import default_eval_dir, select_eval_rows
 from transformers_longspec.cli.models import load_draft, load_target
 from transformers_longspec.demo import eval_prompt
 
+DEFAULT_TREE = [4, 16, 16, 16, 16]  # named, so that the default-tree policy does not pick another shape per device
 CONFIGS = {
-    "tree+retrieval": {"longspec_retrieval": 10},
-    "tree": {"longspec_retrieval": 0},
+    "tree+retrieval": {"longspec_beam_widths": DEFAULT_TREE, "longspec_retrieval": 10},
+    "tree": {"longspec_beam_widths": DEFAULT_TREE, "longspec_retrieval": 0},
     "chain": {"longspec_beam_widths": [1] * 6, "longspec_retrieval": 0},
     "retrieval_only": {"longspec_beam_widths": [], "longspec_retrieval": 10},
 }

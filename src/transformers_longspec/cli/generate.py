@@ -22,7 +22,7 @@ from transformers.generation.streamers import BaseStreamer
 from ..configuration import validate_beam_widths
 from .models import check_draft_option, load_draft, load_target
 
-__all__ = ["CPU_TREE", "DEMO_TASKS", "GenerateArgs", "add_demo_parser", "add_generate_parser", "run_generate"]
+__all__ = ["DEMO_TASKS", "GenerateArgs", "add_demo_parser", "add_generate_parser", "run_generate"]
 
 ASSETS = Path(__file__).parents[1] / "assets"
 # Real long documents for the demo (evaluation material, never training data): CPython's email package (PSF
@@ -31,7 +31,6 @@ DEMO_TASKS = {
     "code": (ASSETS / "cpython-email-package.py.txt", None),
     "summary": (ASSETS / "sotu-1835-jackson.txt", "Summarise the address above: its speaker, year and main themes."),
 }
-CPU_TREE = [2, 2, 2, 2]
 
 
 @dataclass
@@ -118,16 +117,15 @@ def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
     target, tokenizer = load_target(args.target, dtype, args.device)
     draft = load_draft(args.draft, target)
     ids = _prompt_ids(args, tokenizer, default_text).to(args.device)
-    if widths is None and args.device == "cpu":
-        # On a CPU verification is compute-bound: a 69-node tree costs ~69 decode steps. A small tree pays better.
-        widths = CPU_TREE
+    # no --tree: the draft's default-tree policy picks the shape from this device's measured costs (tree_policy.py)
     extra = {} if widths is None else {"longspec_beam_widths": widths}
     print(f"prompt: {ids.shape[1]} tokens; generating {args.max_new_tokens} with LongSpec ...\n", file=sys.stderr)
     out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=args.max_new_tokens,
                           streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True), **extra)
     stats = draft.last_generation_stats
     print(f"\nLongSpec: {stats.new_tokens} tokens, tau {stats.tau:.2f} (mean tokens per target forward), "
-          f"{stats.decode_tokens_per_s:.1f} tokens/s decode (prefill excluded), tree {list(stats.beam_widths)}")
+          f"{stats.decode_tokens_per_s:.1f} tokens/s decode (prefill excluded), tree {list(stats.beam_widths)}, "
+          f"retrieval branch {stats.retrieval_tokens} tokens ({stats.retrieval_accepted} accepted)")
     if args.compare:
         clock = _DecodeClock()
         plain = target.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens, streamer=clock)
@@ -149,8 +147,8 @@ def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)")
     p.add_argument("--tree", metavar="WIDTHS",
                    help="draft tree shape: how many candidates to keep at each depth, comma-separated, e.g. "
-                   f"4,16,16,16,16 (default: the draft's on a GPU, {','.join(map(str, CPU_TREE))} on a CPU, where "
-                   "every extra node costs compute)")
+                   "4,16,16,16,16 (default: the shape of highest predicted speed on this device, chosen from measured "
+                   "costs up to the draft's own; on a CPU, where every node costs compute, a small tree or none)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                    help="where to run (default: cuda when available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
