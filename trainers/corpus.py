@@ -272,14 +272,7 @@ def corpus_documents(kind: str, roots: Sequence[str | os.PathLike] | None = None
     Raises: ValueError for an unknown kind or a root that is evaluation material.
     Reference: DESIGN.md §5; LongSpec §4.1.
     """
-    if kind not in KIND_EXTENSIONS:
-        raise ValueError(f"unknown document kind {kind!r}; choose from {DOC_KINDS}")
-    stats = stats if stats is not None else CorpusStats.empty()
-    root_paths = [Path(r) for r in roots] if roots is not None else default_roots()
-    for root in root_paths:
-        refuse_evaluation(root, "corpus root")
-        if not root.is_dir():
-            raise ValueError(f"corpus root {os.fspath(root)!r} is not a folder; give an existing folder to scan")
+    stats, root_paths = _scan_setup(kind, roots, stats)
     files = _interleave(_kind_files(kind, root_paths, stats, system_docs), seed)
     stats.files_seen += len(files)
     seen_hashes: set[bytes] = set()
@@ -298,6 +291,18 @@ def corpus_documents(kind: str, roots: Sequence[str | os.PathLike] | None = None
         seen_hashes.add(digest)
         stats.documents[kind] = stats.documents.get(kind, 0) + 1
         yield text if max_chars is None else text[:max_chars]
+
+
+def _scan_setup(kind: str, roots, stats: CorpusStats | None) -> tuple[CorpusStats, list[Path]]:
+    """Check `kind` and the roots (existing folders, none of them evaluation material); the stats to fill."""
+    if kind not in KIND_EXTENSIONS:
+        raise ValueError(f"unknown document kind {kind!r}; choose from {DOC_KINDS}")
+    root_paths = [Path(r) for r in roots] if roots is not None else default_roots()
+    for root in root_paths:
+        refuse_evaluation(root, "corpus root")
+        if not root.is_dir():
+            raise ValueError(f"corpus root {os.fspath(root)!r} is not a folder; give an existing folder to scan")
+    return (stats if stats is not None else CorpusStats.empty()), root_paths
 
 
 def repository_documents(kind: str, roots: Sequence[str | os.PathLike] | None = None, min_chars: int = 40_000,
@@ -323,12 +328,7 @@ def repository_documents(kind: str, roots: Sequence[str | os.PathLike] | None = 
     Raises: ValueError for an unknown kind or an evaluation-material root.
     Reference: LongSpec §4.1 (stage 2: long documents, every token labelled).
     """
-    if kind not in KIND_EXTENSIONS:
-        raise ValueError(f"unknown document kind {kind!r}; choose from {DOC_KINDS}")
-    stats = stats if stats is not None else CorpusStats.empty()
-    root_paths = [Path(r) for r in roots] if roots is not None else default_roots()
-    for root in root_paths:
-        refuse_evaluation(root, "corpus root")
+    stats, root_paths = _scan_setup(kind, roots, stats)
     groups = _kind_files(kind, root_paths, stats, system_docs)
     rng = random.Random(seed)
     names = sorted(groups)

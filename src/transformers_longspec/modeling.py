@@ -402,12 +402,10 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         pairs = [(getattr(block.self_attn, n), getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
         pairs += [(getattr(block.cross_attn, n), getattr(attn, n)) for n in ("q_proj", "o_proj")]
         pairs += [(getattr(block.mlp, n), getattr(last.mlp, n)) for n in ("gate_proj", "up_proj", "down_proj")]
-        pairs += [
-            (block.input_layernorm, last.input_layernorm),
-            (block.post_self_attention_layernorm, last.input_layernorm),
-            (block.post_cross_attention_layernorm, last.post_attention_layernorm),
-            (self.norm, target_model.get_decoder().norm),
-        ]
+        pairs += [(block.input_layernorm, last.input_layernorm),
+                  (block.post_self_attention_layernorm, last.input_layernorm),
+                  (block.post_cross_attention_layernorm, last.post_attention_layernorm),
+                  (self.norm, target_model.get_decoder().norm)]
         for mine, theirs in pairs:
             for name, p in mine.named_parameters(recurse=False):
                 src = getattr(theirs, name, None)
@@ -424,9 +422,9 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return self._require_target().embed_tokens(input_ids)
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Shared LM head on normed draft states (batch, seq, hidden) → fp32 logits (batch, seq, vocab)."""
+        """Shared LM head on normed draft states (batch, seq, hidden), cast to the head's dtype → fp32 logits."""
         head = self._require_target().lm_head
-        return head(hidden.to(head.weight.dtype)).float()  # fp32 draft states (training) meet a bf16 head
+        return head(hidden.to(head.weight.dtype)).float()
 
     def self_kv(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
         """Self-attention K/V of tokens at positions, each (1, n_kv_heads, seq, head_dim).
