@@ -36,6 +36,7 @@ from .noisy import mask_noisy_labels, noise_visibility_mask, sample_noise_offset
 from .sharding import shard_target
 from .soft_labels import soft_distill_loss, target_topk
 from .sources import python_package_sources, self_distill_texts, source_snippet_prompts
+from .time_budget import TimeBudgetCallback
 from .trainer import LongSpecTrainer, save_trained_draft, target_greedy_labels, target_last_layer_kv, unwrap_draft
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "MixSpec",
     "StepCollator",
     "TextCollator",
+    "TimeBudgetCallback",
     "TokenCollator",
     "add_lora_to_draft",
     "anchor_offset_position_ids",

@@ -124,6 +124,10 @@ def test_cli_trains_continues_and_lora_adapts(tmp_path):
     card = (tmp_path / "d1" / "README.md").read_text()  # the model card quotes the training record
     assert "Recipe `tiny`: tiny CLI test" in card and "2 steps" in card and "weights saved in bf16" in card
 
+    assert summary["stopped_by_time_budget"] is False and summary["max_steps"] == 2
+    summary = _run([*common, "--output", str(tmp_path / "d1b"), "--max-minutes", "1e-9", "--set-data", "eval_sequences=0"])
+    assert summary["steps"] == 1 and summary["max_steps"] == 2 and summary["stopped_by_time_budget"] is True
+
     summary = _run([*common, "--output", str(tmp_path / "d2"), "--draft", str(tmp_path / "d1"), "--max-steps", "1",
                     "--lora", "--lora-r", "2", "--set", "eval_strategy=steps", "--set-data", "eval_sequences=0"])
     assert summary["steps"] == 1 and (tmp_path / "d2" / "adapter" / "adapter_config.json").exists()
@@ -146,6 +150,8 @@ def test_cli_user_errors(tmp_path):
               "--device", "cpu"])
     with pytest.raises(ValueError, match="unknown data settings \\['seq_len'\\]"):
         _run(["--target", "smollm2", "--recipe", "stage1", "--output", str(tmp_path / "o"), "--set-data", "seq_len=3"])
+    with pytest.raises(ValueError, match="--max-minutes must be > 0"):
+        _run(["--target", "smollm2", "--recipe", "stage1", "--output", str(tmp_path / "o"), "--max-minutes", "0"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
         _run(["--target", "smollm2", "--recipe", "stage1", "--output", str(tmp_path / "o"), "--set", "oops",
               "--device", "cpu"])

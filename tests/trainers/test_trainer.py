@@ -185,3 +185,21 @@ def test_batch_without_supervised_tokens_is_a_zero_step(tmp_path):
     before = {k: v.clone() for k, v in draft.state_dict().items()}
     _trainer(target, _args(tmp_path, max_steps=1, weight_decay=0.0), draft=draft, rows=rows).train()
     assert all(torch.equal(before[k], v) for k, v in draft.state_dict().items())
+
+
+def test_time_budget_ends_training_at_the_first_step_past_it(tmp_path):
+    from transformers_longspec.trainers import TimeBudgetCallback
+
+    target = make_target("llama")
+    budget = TimeBudgetCallback(1e-9)  # over as soon as the first step ends
+    trainer = _trainer(target, _args(tmp_path, max_steps=3))
+    trainer.add_callback(budget)
+    result = trainer.train()
+    assert result.global_step == 1 and budget.stopped_at_step == 1
+    roomy = TimeBudgetCallback(3600)
+    trainer = _trainer(target, _args(tmp_path, max_steps=3))
+    trainer.add_callback(roomy)
+    assert trainer.train().global_step == 3 and roomy.stopped_at_step is None
+    for bad in (0, -1.0, "10", True):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            TimeBudgetCallback(bad)

@@ -52,6 +52,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                    help="a shipped recipe name (stage1, stage2, stage3, smollm2-gpu, ...) or a recipe .json file")
     p.add_argument("--output", required=True, metavar="FOLDER", help="folder for checkpoints and the final draft")
     p.add_argument("--max-steps", type=int, default=None, metavar="N", help="override the recipe's max_steps")
+    p.add_argument("--max-minutes", type=float, default=None, metavar="M",
+                   help="stop training after M minutes of steps (data building not counted) and save the draft "
+                   "as at max_steps; keep max_steps near what M allows, the learning-rate schedule spans it")
     p.add_argument("--draft", default=None, metavar="FOLDER",
                    help="continue from this saved draft instead of building a new one from the target")
     p.add_argument("--lora", action="store_true", help="LoRA-adapt the --draft (needs peft) instead of full training")
@@ -84,6 +87,8 @@ def _check_train_args(args) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
     if Path(args.output).is_file():
         raise ValueError(f"--output {args.output!r} is a file; give a folder (it is created if needed)")
 
@@ -160,7 +165,7 @@ def run_train(args) -> dict:
     """
     from transformers import IntervalStrategy
 
-    from transformers_longspec.trainers import LongSpecTrainer, merge_lora_draft, save_trained_draft
+    from transformers_longspec.trainers import LongSpecTrainer, TimeBudgetCallback, merge_lora_draft, save_trained_draft
     from transformers_longspec.trainers.recipes import build_datasets, build_training_arguments, load_recipe
 
     start = time.perf_counter()
@@ -181,8 +186,9 @@ def run_train(args) -> dict:
     if not eval_rows and training_args.eval_strategy != IntervalStrategy.NO:
         print("longspec train: no evaluation rows (eval_sequences=0): evaluation during training is off")
         training_args.eval_strategy = IntervalStrategy.NO
+    budget = [TimeBudgetCallback(args.max_minutes * 60)] if args.max_minutes is not None else []
     trainer = LongSpecTrainer(model=model, args=training_args, target_model=target, train_dataset=train_rows,
-                              eval_dataset=eval_rows, data_collator=collator)
+                              eval_dataset=eval_rows, data_collator=collator, callbacks=budget)
     if args.lora and (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled):
         raise ValueError("--lora runs on one process or under DDP (accelerate launch without FSDP/DeepSpeed): "
                          "a one-layer draft's adapter needs no sharding")
@@ -194,7 +200,8 @@ def run_train(args) -> dict:
     summary = {
         "recipe": recipe.name, "recipe_description": recipe.description, "target": args.target,
         "draft_init": args.draft or "from_target", "lora": args.lora,
-        "steps": result.global_step, "train_loss": result.training_loss, "eval_loss": metrics.get("eval_loss"),
+        "steps": result.global_step, "max_steps": training_args.max_steps,
+        "stopped_by_time_budget": bool(budget and budget[0].stopped_at_step is not None), "train_loss": result.training_loss, "eval_loss": metrics.get("eval_loss"),
         "train_runtime_s": result.metrics.get("train_runtime"), "total_runtime_s": time.perf_counter() - start,
         "device": device, "bf16": bf16, "save_dtype": args.save_dtype, "overrides": _parse_sets(args.set),
         "data_overrides": _parse_sets(args.set_data), "timings_s": timings, "log_history": trainer.state.log_history,
