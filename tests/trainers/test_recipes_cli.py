@@ -125,7 +125,8 @@ def test_cli_trains_continues_and_lora_adapts(tmp_path):
     assert "Recipe `tiny`: tiny CLI test" in card and "2 steps" in card and "weights saved in bf16" in card
 
     assert summary["stopped_by_time_budget"] is False and summary["max_steps"] == 2
-    summary = _run([*common, "--output", str(tmp_path / "d1b"), "--max-minutes", "1e-9", "--set-data", "eval_sequences=0"])
+    summary = _run([*common, "--output", str(tmp_path / "d1b"), "--max-minutes", "1e-9",
+                    "--set-data", "eval_sequences=0"])
     assert summary["steps"] == 1 and summary["max_steps"] == 2 and summary["stopped_by_time_budget"] is True
 
     summary = _run([*common, "--output", str(tmp_path / "d2"), "--draft", str(tmp_path / "d1"), "--max-steps", "1",

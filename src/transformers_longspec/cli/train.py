@@ -165,7 +165,12 @@ def run_train(args) -> dict:
     """
     from transformers import IntervalStrategy
 
-    from transformers_longspec.trainers import LongSpecTrainer, TimeBudgetCallback, merge_lora_draft, save_trained_draft
+    from transformers_longspec.trainers import (
+        LongSpecTrainer,
+        TimeBudgetCallback,
+        merge_lora_draft,
+        save_trained_draft,
+    )
     from transformers_longspec.trainers.recipes import build_datasets, build_training_arguments, load_recipe
 
     start = time.perf_counter()
@@ -201,7 +206,8 @@ def run_train(args) -> dict:
         "recipe": recipe.name, "recipe_description": recipe.description, "target": args.target,
         "draft_init": args.draft or "from_target", "lora": args.lora,
         "steps": result.global_step, "max_steps": training_args.max_steps,
-        "stopped_by_time_budget": bool(budget and budget[0].stopped_at_step is not None), "train_loss": result.training_loss, "eval_loss": metrics.get("eval_loss"),
+        "stopped_by_time_budget": bool(budget and budget[0].stopped_at_step is not None),
+        "train_loss": result.training_loss, "eval_loss": metrics.get("eval_loss"),
         "train_runtime_s": result.metrics.get("train_runtime"), "total_runtime_s": time.perf_counter() - start,
         "device": device, "bf16": bf16, "save_dtype": args.save_dtype, "overrides": _parse_sets(args.set),
         "data_overrides": _parse_sets(args.set_data), "timings_s": timings, "log_history": trainer.state.log_history,
