@@ -42,9 +42,10 @@ case "${1:-}" in
     phase train "${TRAIN_S:-500}" env DRAFT="$draft" TRAIN_EXTRA="--max-steps ${STEPS:-900} --max-minutes ${TRAIN_MIN:-4}" \
       MIX_SET="${MIX_SET:-}" bash benchmarks/gpu_train_mix.sh
     wait
-    phase tau $((${TAU_S:-200} + 60)) bash -c "bash benchmarks/assemble_package.sh /tmp/pkg-tau && \
+    [ -f "$draft/config.json" ] || draft=  # no trained draft (training failed or ran out of time): an untrained one
+    [ "${TAU_S:-200}" = 0 ] || phase tau $((${TAU_S:-200} + 60)) bash -c "bash benchmarks/assemble_package.sh /tmp/pkg-tau && \
       PYTHONPATH=/tmp/pkg-tau:\$HOME/stage/site LONGSPEC_EVAL_DIR=\$PWD/.evaldata PYTHONUNBUFFERED=1 python3 \
-      benchmarks/tau_matrix.py --target \$HOME/qwen15 --draft $draft --datasets \
+      benchmarks/tau_matrix.py --target \$HOME/qwen15 ${draft:+--draft $draft} --datasets \
       heldout:4,code_completion,summarization --buckets 8192,16384,30000 --per-bucket 2 \
       --max-new-tokens 256 --max-seconds ${TAU_S:-200} --out \$OUT/tau_matrix.json"
     phase bench $((${BENCH_S:-240} + 90)) env DRAFT="$draft" NEW=256 MAX_S="${BENCH_S:-240}" \
