@@ -22,7 +22,7 @@ from transformers_longspec.demo import DEFAULT_DRAFT_DIR
 from tiny_models import make_target
 
 PACKAGE = Path(transformers_longspec.__file__).parent
-REMOTE_CODE = ["configuration.py", "modeling.py", "checkpoint.py"]
+REMOTE_CODE = ["configuration.py", "modeling.py", "blocks.py", "checkpoint.py"]
 IDS = torch.arange(3, 23)[None]
 ALLOWED_IMPORTS = {"torch", "transformers", "safetensors", "huggingface_hub", "__future__", "json", "os", "re",
                    "tempfile", "warnings", "weakref", "dataclasses", "pathlib", "importlib"}

@@ -112,7 +112,7 @@ def test_gradient_checkpointing_keeps_the_gradients(reentrant):
 @pytest.mark.parametrize("seq", [1, 5, 8, 9, 16, 31])
 def test_blockwise_sliding_window_equals_the_dense_mask(seq):
     """The training path's blockwise window attention == SDPA with the full (seq, seq) sliding-window mask."""
-    from transformers_longspec.modeling import _attend, sliding_window_attention, sliding_window_causal_mask
+    from transformers_longspec.blocks import _attend, sliding_window_attention, sliding_window_causal_mask
 
     gen = torch.Generator().manual_seed(seq)
     q = torch.randn(2, 4, seq, 8, generator=gen, requires_grad=True)

@@ -20,7 +20,9 @@ Reference: LongSpec (arXiv 2502.17421) §4.1 (three data stages, here mixed in o
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import random
 import time
 from collections.abc import Sequence
@@ -35,7 +37,7 @@ from .corpus import DOC_KINDS, CorpusStats, corpus_documents, repository_documen
 from .data import ChatCollator, _pad_token_id, pack_texts
 from .exclusions import refuse_evaluation, text_evaluation_reason
 
-__all__ = ["MixSpec", "StepCollator", "build_mix", "read_user_jsonl"]
+__all__ = ["MixSpec", "StepCollator", "build_mix", "chat_rows", "read_user_jsonl", "short_and_long_rows"]
 
 
 @dataclass
@@ -62,6 +64,10 @@ class MixSpec:
         chat_kinds: document kinds the chat prompts are built from.
         jsonl: the user's own .jsonl files (rows {"text"} or {"messages"}); never evaluation sets.
         jsonl_short_rows: packed short rows at most from the jsonl texts (None = all).
+        rows_cache: a file keeping the built short and long rows (token ids, with the scan's statistics): read when
+            it exists and was built with the same settings and tokenizer, written after building otherwise. Lets
+            `longspec train --data-only` scan the corpus before (or beside) the run that trains, and several runs
+            share one scan. Chat rows are not in it (their answers have `chat_cache`).
         roots: folders to scan (None = the installed packages); evaluation material is refused.
         system_docs: also read /usr/share/doc and man pages for "docs".
         min_chars: shortest document read for short rows (characters).
@@ -89,6 +95,7 @@ class MixSpec:
     chat_kinds: list = field(default_factory=lambda: ["python", "c_cpp", "docs"])
     jsonl: list = field(default_factory=list)
     jsonl_short_rows: int | None = None
+    rows_cache: str | None = None
     roots: list | None = None
     system_docs: bool = True
     min_chars: int = 500
@@ -210,8 +217,53 @@ def _long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> list[dict]:
     return rows
 
 
-def _chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict]:
-    """Chat self-distillation rows: prompts over corpus documents, the target's greedy answers (cached)."""
+_ROW_SETTINGS = ("kinds", "short_rows", "short_seq_length", "long_rows", "long_seq_length", "long_min_length",
+                 "long_kinds", "roots", "system_docs", "min_chars", "seed")
+
+
+def _rows_key(spec: MixSpec, tokenizer) -> dict:
+    """What the short and long rows depend on: their settings and the tokenizer (a digest of its vocabulary, equal for
+    a tokenizer read from a GGUF file and its `save_pretrained` copy)."""
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode()
+    return {**{k: getattr(spec, k) for k in _ROW_SETTINGS}, "tokenizer": hashlib.sha256(vocab).hexdigest()}
+
+
+def short_and_long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> tuple[list[dict], list[dict]]:
+    """The short and long rows of `spec`, from `spec.rows_cache` when it holds them, else built (and cached).
+
+    Args:
+        spec: the `MixSpec`. tokenizer: the target's tokenizer. stats: filled with the scan's counts (also from the
+            cache).
+    Returns: (short rows, long rows), each a list of {"input_ids": (tokens,) int64 tensor}.
+    Raises: ValueError if the cache file was built with other settings or another tokenizer (it names them).
+    """
+    key = _rows_key(spec, tokenizer)
+    cache = Path(spec.rows_cache) if spec.rows_cache else None
+    if cache is not None and cache.is_file():
+        saved = torch.load(cache, weights_only=True)
+        if saved["key"] != json.loads(json.dumps(key)):
+            changed = sorted(k for k in key if saved["key"].get(k) != json.loads(json.dumps(key[k])))
+            raise ValueError(f"data.mix.rows_cache {cache} was built with other {changed}; delete it or point "
+                             "rows_cache at a new file")
+        for name in ("documents", "skipped_evaluation"):
+            getattr(stats, name).update(saved["stats"][name])
+        stats.duplicates += saved["stats"]["duplicates"]
+        stats.files_seen += saved["stats"]["files_seen"]
+        return ([{"input_ids": ids.long()} for ids in saved["short"]],
+                [{"input_ids": ids.long()} for ids in saved["long"]])
+    short = _short_rows(spec, tokenizer, stats)
+    long_rows = _long_rows(spec, tokenizer, stats) if spec.long_rows else []
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": key, "stats": asdict(stats),
+                    "short": [torch.as_tensor(r["input_ids"], dtype=torch.int32) for r in short],
+                    "long": [torch.as_tensor(r["input_ids"], dtype=torch.int32) for r in long_rows]}, cache)
+    return short, long_rows
+
+
+def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict]:
+    """Chat self-distillation rows: prompts over corpus documents, the target's greedy answers (cached in
+    `spec.chat_cache`). Returns a list of {"input_ids", "labels"} (lists of int64; labels -100 off the answers)."""
     per_kind = max(1, spec.chat_prompts // max(len(spec.chat_kinds), 1))
     documents = []
     for kind in spec.chat_kinds:
@@ -291,15 +343,15 @@ def build_mix(spec: MixSpec, tokenizer, target=None) -> tuple[list[dict], list[d
         raise ValueError("data.mix.chat_prompts > 0 needs the target model to generate the answers")
     stats, pad_id, start = CorpusStats.empty(), _pad_token_id(tokenizer), time.perf_counter()
     budget = spec.short_rows_per_step * spec.short_seq_length
-    short = _short_rows(spec, tokenizer, stats)
+    short, long_rows = short_and_long_rows(spec, tokenizer, stats)
     jsonl_short, jsonl_chat = _jsonl_rows(spec, tokenizer) if spec.jsonl else ([], [])
     short += jsonl_short
     random.Random(spec.seed).shuffle(short)
     groups = {
         "short": [_item(short[i : i + spec.short_rows_per_step], pad_id)
                   for i in range(0, len(short) - spec.short_rows_per_step + 1, spec.short_rows_per_step)],
-        "long": [_item([row], pad_id) for row in _long_rows(spec, tokenizer, stats)] if spec.long_rows else [],
-        "chat": _by_budget((_chat_rows(spec, tokenizer, target, stats) if spec.chat_prompts else []) + jsonl_chat,
+        "long": [_item([row], pad_id) for row in long_rows],
+        "chat": _by_budget((chat_rows(spec, tokenizer, target, stats) if spec.chat_prompts else []) + jsonl_chat,
                            budget, pad_id),
     }
     train, held = [], []

@@ -10,7 +10,7 @@ target's top-k distribution does. Per supervised position t (predicting token t 
 
 mixed with the hard cross-entropy as (1 - w) * CE + w * soft (`soft_labels_weight`). The target's top-k come from
 the same LM-head pass that gives the argmax labels (`target_topk`), in chunks; the draft's logits are computed
-chunk by chunk under activation checkpointing, like the hard loss, so one chunk of (batch, chunk, vocab) fp32
+chunk by chunk under activation checkpointing, once for both terms, so one chunk of (batch, chunk, vocab) fp32
 logits is alive at a time.
 
 Reference: Hinton et al. 2015 (knowledge distillation); DistillSpec (Zhou et al., 2023, speculative drafts
@@ -51,28 +51,36 @@ def target_topk(target, hidden: torch.Tensor, k: int, chunk: int = 512) -> tuple
     return values, ids
 
 
-def _chunk_soft_sum(lm_logits, states, top_logits, top_ids, mask) -> torch.Tensor:
-    """Summed soft cross-entropy of one chunk: states (b, c, h), top_* (b, c, k), mask (b, c) bool → () fp32."""
+def _chunk_soft_sum(lm_logits, states, top_logits, top_ids, mask, hard_labels, soft_weight: float) -> torch.Tensor:
+    """Summed w * soft + (1 - w) * hard cross-entropy of one chunk from ONE LM-head pass: states (b, c, h), top_*
+    (b, c, k), mask (b, c) float, hard_labels (b, c) int64 (read only when w < 1) → () fp32."""
     log_q = torch.log_softmax(lm_logits(states), dim=-1)
-    picked = log_q.gather(-1, top_ids)
-    p = torch.softmax(top_logits, dim=-1)
-    return -((p * picked).sum(-1) * mask).sum()
+    per_position = -(torch.softmax(top_logits, dim=-1) * log_q.gather(-1, top_ids)).sum(-1)
+    if soft_weight < 1.0:
+        hard = -log_q.gather(-1, hard_labels.clamp(min=0)[..., None])[..., 0]
+        per_position = soft_weight * per_position + (1.0 - soft_weight) * hard
+    return (per_position * mask).sum()
 
 
 def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor, top_ids: torch.Tensor,
-                      labels: torch.Tensor, noise_offset: int = 1, chunk: int = 2048) -> torch.Tensor:
-    """Mean soft cross-entropy of the draft against the target's top-k over the supervised positions.
+                      labels: torch.Tensor, noise_offset: int = 1, chunk: int = 2048,
+                      soft_weight: float = 1.0) -> torch.Tensor:
+    """Mean soft cross-entropy of the draft against the target's top-k over the supervised positions, mixed with the
+    hard cross-entropy on `labels`: w * soft + (1 - w) * hard, both from one LM-head pass per chunk.
 
     Positions follow `LongSpecDraft.forward`'s hard loss: position t is supervised when `labels[:, t + 1]` != -100
-    and t >= `noise_offset` (the first j positions see no target K/V under flash noisy training).
+    and t >= `noise_offset` (the first j positions see no target K/V under flash noisy training), so the mix equals
+    (1 - w) * `LongSpecDraft.forward(labels=labels).loss` + w * the soft loss alone, at half the LM-head work.
 
     Args:
         lm_logits: the draft's `lm_logits` (normed states → fp32 logits over the vocabulary).
         hidden: (batch, seq, hidden) the draft's normed output states (`LongSpecDraftOutput.hidden_states`).
         top_logits, top_ids: (batch, seq, k) from `target_topk`, for the same tokens.
-        labels: (batch, seq) int64, unshifted (-100 = not supervised), as given to the draft.
+        labels: (batch, seq) int64, unshifted (-100 = not supervised), as given to the draft; position t's hard label
+            is `labels[:, t + 1]`.
         noise_offset: j of flash noisy training (>= 1).
         chunk: positions per LM-head chunk.
+        soft_weight: w in [0, 1] (1 = soft only).
     Returns: () fp32 loss (0, still in the graph, when nothing is supervised).
     Raises: ValueError if shapes disagree.
     Reference: knowledge distillation (Hinton et al., 2015); LongSpec §3.2, Alg. 2 (dropped queries).
@@ -90,7 +98,8 @@ def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor,
         part = mask[:, start:end]
         if not part.any():
             continue
-        args = (hidden[:, start:end], top_logits[:, start:end], top_ids[:, start:end], part.float())
+        args = (hidden[:, start:end], top_logits[:, start:end], top_ids[:, start:end], part.float(),
+                labels[:, start + 1 : end + 1], soft_weight)
         if recompute:
             total = total + checkpoint(_chunk_soft_sum, lm_logits, *args, use_reentrant=False)
         else:

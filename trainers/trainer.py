@@ -6,7 +6,8 @@ Each step:
     j         = sample_noise_offset(noise_max)              # flash noisy training (Alg. 2); 1 = no noise
     K, V      = target's last-layer KV cache at `positions` # frozen target, no_grad, decoder only (no LM head)
     labels    = the target's greedy next tokens             # only with distill_labels (self-distillation)
-    loss      = draft(input_ids, K, V, position_ids=positions, labels=labels, noise_offset=j).loss
+    loss      = draft(input_ids, K, V, position_ids=positions, labels=labels, noise_offset=j,
+                      target_hidden=H).loss                 # H, the final hidden states: target_hidden_input only
     loss      = (1 - w) * loss + w * soft CE to the target's top-k   # only with soft_labels_topk (soft_labels.py)
 
 Only `compute_loss` and `prediction_step` are overridden; batching, bf16 autocast, gradient accumulation,
@@ -176,17 +177,17 @@ class LongSpecTrainer(Trainer):
         noise = 1
         if training and self._option("noisy_training"):
             noise = sample_noise_offset(self._option("noise_max"), generator)
-        keys, values, labels, top = self._target_pass(input_ids, position_ids, attention_mask, labels)
+        keys, values, hidden, labels, top = self._target_pass(input_ids, position_ids, attention_mask, labels)
         soft_weight = self._option("soft_labels_weight") if top is not None else 0.0
-        outputs = model(
+        outputs = model(  # with soft labels the hard loss is computed below, from the same LM-head pass
             input_ids=input_ids, target_keys=keys, target_values=values, position_ids=position_ids,
-            labels=labels if soft_weight < 1.0 else None, noise_offset=noise,
+            labels=labels if top is None else None, noise_offset=noise,
+            target_hidden=hidden if unwrap_draft(model).config.target_hidden_input else None,
             loss_chunk_size=self._option("loss_chunk_size"),
         )
         if top is not None:
-            soft = soft_distill_loss(unwrap_draft(model).lm_logits, outputs.hidden_states, *top, labels, noise,
-                                     self._option("loss_chunk_size"))
-            outputs["loss"] = soft if soft_weight >= 1.0 else (1.0 - soft_weight) * outputs.loss + soft_weight * soft
+            outputs["loss"] = soft_distill_loss(unwrap_draft(model).lm_logits, outputs.hidden_states, *top, labels,
+                                                noise, self._option("loss_chunk_size"), soft_weight)
         loss = outputs.loss  # stays in the graph (zero) when a batch has no supervised token
         if training and not bool((labels[:, 1:] != -100).any()):
             logger.warning_once("LongSpecTrainer: a batch has no supervised tokens (all labels -100); check the data")
@@ -205,18 +206,19 @@ class LongSpecTrainer(Trainer):
 
     # ------------------------------------------------------------------ helpers (not Trainer hooks)
     def _target_pass(self, input_ids, position_ids, attention_mask, labels):
-        """The frozen target's last-layer K/V, the labels to train on, and its top-k (soft distillation) or None.
+        """The frozen target's last-layer K/V, final hidden states, the labels to train on, and its top-k (soft
+        distillation) or None.
 
         One decoder pass; the LM head runs once more only when `distill_labels` or `soft_labels_topk` asks for it
         (with both, the argmax labels are the first of the top-k).
-        Returns: (keys, values, labels (batch, seq) int64, (top logits, top ids) each (batch, seq, k) or None).
+        Returns: (keys, values, hidden (batch, seq, hidden), labels (batch, seq) int64, (top logits, top ids) each
+            (batch, seq, k) or None).
         """
         distill, topk = self._option("distill_labels"), self._option("soft_labels_topk")
-        if not distill and not topk:
-            keys, values = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask)
-            return keys, values, labels, None
         keys, values, hidden = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask,
                                                     return_hidden=True)
+        if not distill and not topk:
+            return keys, values, hidden, labels, None
         top = target_topk(self.target_model, hidden, topk) if topk else None
         if distill and top is not None:
             greedy = torch.full_like(labels, -100)
@@ -224,7 +226,7 @@ class LongSpecTrainer(Trainer):
             labels = greedy.masked_fill(labels == -100, -100)
         elif distill:
             labels = target_greedy_labels(self.target_model, hidden, labels)
-        return keys, values, labels, top
+        return keys, values, hidden, labels, top
 
     def _place_target(self) -> None:
         """Shard the target over the processes (`trainers/sharding.py`) or move a whole copy to `args.device`.

@@ -21,7 +21,8 @@ What we patch or register (idempotently, by `install()`, which `import transform
   `compiled_methods` (the static-shape step's `torch.compile` regions): `allow_unspec_int_on_nn_module` lets one
   compiled graph serve all decoder layers (their `layer_idx` differs) instead of one recompilation per layer.
 * A forward hook on the target's LM head for the first forward of a LongSpec `generate` (public torch API, removed
-  on exit): NaN/inf prefill logits raise instead of decoding garbage.
+  on exit): NaN/inf prefill logits raise instead of decoding garbage. A forward pre-hook on it
+  (`final_hidden_states`) keeps the target's final hidden states for drafts that read them.
 
 Tested against transformers 5.17 (the GPU image) and the newest release `pyproject.toml` admits.
 `uninstall()` restores the originals.
@@ -130,6 +131,31 @@ def _finite_prefill_logits(target):
     handle = target.get_output_embeddings().register_forward_hook(check)
     try:
         yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def final_hidden_states(target, enabled: bool = True):
+    """Within the block, `seen[0]` is the input of the target's latest LM-head call: its final normed hidden states
+    (batch, positions whose logits were computed, hidden), e.g. (1, 1, hidden) after a prefill with
+    `logits_to_keep=1`, (1, tree_size, hidden) after a verification. `enabled=False` yields an empty list.
+
+    A forward pre-hook on the target's output embedding (public torch API), removed on exit. Inside a captured CUDA
+    graph the hook runs once, at capture: `seen[0]` is then that graph's own buffer, rewritten by each replay.
+    Reference: `torch.nn.Module.register_forward_pre_hook`; transformers `get_output_embeddings`.
+    """
+    seen: list[torch.Tensor] = []
+    if not enabled:
+        yield seen
+        return
+
+    def keep(module, args):
+        seen[:] = [args[0]]
+
+    handle = target.get_output_embeddings().register_forward_pre_hook(keep)
+    try:
+        yield seen
     finally:
         handle.remove()
 

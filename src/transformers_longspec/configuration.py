@@ -97,6 +97,11 @@ class LongSpecConfig(PreTrainedConfig):
         sliding_window (`int`): tokens visible to the draft's self-attention, the query itself included.
             Its KV cache is a ring buffer of this many entries whatever the context length (LongSpec §3.1).
         beam_widths (`list[int]`): default tree shape, beam width per depth (LongSpec §3.3).
+        target_hidden_input (`bool`): also feed the draft the target's final (normed) hidden state at the last
+            committed token, the state that chose the tree's root: RMSNorm + a hidden x hidden projection added to
+            the residual stream after the self-attention (zero-initialised: a new draft starts as one without it).
+            Constant memory: one vector per step. The feature-level input of EAGLE (Li et al., 2024); False = the
+            LongSpec draft as published.
         initializer_range (`float`): std of the normal init for weights not copied from the target.
         target_model_type (`str`): model_type of the target this draft was built for.
         target_num_hidden_layers (`int`): the target's layer count (a consistency check at attach time).
@@ -125,6 +130,7 @@ class LongSpecConfig(PreTrainedConfig):
     max_position_embeddings: int = 4096
     sliding_window: int = 512
     beam_widths: list[int] | None = None
+    target_hidden_input: bool = False
     initializer_range: float = 0.02
     target_model_type: str | None = None
     target_num_hidden_layers: int | None = None

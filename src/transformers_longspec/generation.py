@@ -126,6 +126,13 @@ class LongSpecCandidateGenerator(CandidateGenerator):
         self.ring = DraftRingCache(c.sliding_window, 1 + sum(beam_widths), c.num_key_value_heads, c.head_dim,
                                    param.dtype, param.device)
         self._ring_end = 0  # every position < _ring_end that fits the window is in the ring
+        self.reads_feature = draft.config.target_hidden_input  # the draft reads the target's hidden state
+        self.feature = None  # (1, 1, hidden): the target's state at the last committed token
+
+    def set_feature(self, hidden: torch.Tensor) -> None:
+        """Keep the target's final hidden state (hidden,) at the last committed token for the next tree."""
+        if self.reads_feature:
+            self.feature = hidden.reshape(1, 1, -1)
 
     def draft_tree(self, input_ids: torch.Tensor) -> DraftTree:
         """Grow the tree rooted at the last token of `input_ids` (1, cur_len); see `tree.grow_tree`."""
@@ -139,7 +146,7 @@ class LongSpecCandidateGenerator(CandidateGenerator):
         self._ring_end = root_position
         last = self.target_cache.layers[-1]
         tree = grow_tree(self.draft, self.ring, input_ids[0, -1:], root_position, last.keys, last.values,
-                         self.beam_widths)
+                         self.beam_widths, target_hidden=self.feature)
         if self.retrieval_tokens:
             chain = longest_match_continuation(input_ids[0], root_position, self.retrieval_tokens)
             tree = add_retrieval_branch(tree, *chain)
@@ -248,19 +255,18 @@ def longspec_tree_decode(
     start = timer.now()
     capacity = initial_capacity(input_ids.shape[1], generation_config.max_length) + 1 + sum(widths) + n_retrieval
     if static_shapes:
-        engine = _static_engine(target, draft, widths, n_retrieval, capacity, compile)
-        cache = engine.start(input_ids)
+        drafter = _static_engine(target, draft, widths, n_retrieval, capacity, compile)
+        cache = drafter.start(input_ids)
     else:
         cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, capacity)
-        generator = LongSpecCandidateGenerator(draft, cache, widths, n_retrieval)
-    logits = target(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
-    logits = logits.float()
+        drafter = LongSpecCandidateGenerator(draft, cache, widths, n_retrieval)
+    logits = _prefill(target, drafter, input_ids, cache)
     scores = logits_processor(input_ids, logits.clone()) if logits_processor else logits
     new_tokens = choose_next_tokens(scores, generation_config.do_sample)
     stats.target_forwards, stats.prefill_s = 1, timer.now() - start
     output = _Output(input_ids, generation_config, stopping_criteria, streamer, stats)
     done = output.extend(new_tokens, logits, scores)
-    stats.draft_cache_bytes = (engine if static_shapes else generator).ring.nbytes()
+    stats.draft_cache_bytes = drafter.ring.nbytes()
     draft_size = 1 + sum(widths)  # tree nodes at or past this index are the retrieval branch's
     from_retrieval = torch.zeros((), dtype=torch.long, device=device)  # summed on the device: no extra sync
     # greedy without processors or returned scores: acceptance and compaction run inside the step's graphs
@@ -270,18 +276,15 @@ def longspec_tree_decode(
         while not done:
             committed = output.sequences.shape[1] - 1  # the root, the last emitted token, is not in the cache yet
             if on_device:
-                engine.record(output.sequences)
-                _, packed, clock = engine.draft_and_verify(committed, accept_greedy=True)
+                drafter.record(output.sequences)
+                _, packed, clock = drafter.draft_and_verify(committed, accept_greedy=True)
                 clock.mark()
                 n, step_tokens, path = _unpack_acceptance(packed)  # the step's one read-back
                 cache.set_length(committed + n)
                 accepted, logits, scores = Acceptance(path, packed[1 : 1 + n]), None, None
             else:
-                tree, logits, clock, tree_start = _draft_and_verify(target, engine if static_shapes else generator,
-                                                                    cache, output.sequences, committed)
-                scores = process_tree_logits(logits, tree, output.sequences, logits_processor)
-                accepted = accept(tree, choose_next_tokens(scores, generation_config.do_sample))
-                cache.commit_path(committed, accepted.path, tree_start)
+                accepted, logits, scores, clock = _host_step(target, drafter, cache, output.sequences, committed,
+                                                             logits_processor, generation_config.do_sample)
                 step_tokens = None
             draft_s, verify_s = clock.seconds()
             stats.draft_s, stats.verify_s = stats.draft_s + draft_s, stats.verify_s + verify_s
@@ -298,6 +301,33 @@ def longspec_tree_decode(
         policy.observe(widths, n_retrieval, stats.accepted_lengths, stats.retrieval_accepted)
     stats.total_s = timer.now() - start
     return output.result(None if static_shapes else cache)
+
+
+def _prefill(target, drafter, input_ids: torch.Tensor, cache: LongSpecCache) -> torch.Tensor:
+    """The target's forward over the prompt (1, prompt_len) into `cache`; returns the fp32 logits (1, vocab) of the
+    last position and hands the hidden state there to a draft that reads it (`set_feature`)."""
+    with compat.final_hidden_states(target, drafter.reads_feature) as seen:
+        logits = target(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+    if seen:
+        drafter.set_feature(seen[0][0, -1])
+    return logits.float()
+
+
+def _host_step(target, drafter, cache: LongSpecCache, sequences: torch.Tensor, committed: int, logits_processor,
+               do_sample: bool) -> tuple[Acceptance, torch.Tensor, torch.Tensor, StepClock]:
+    """One step with acceptance on the host: tree, verification, logits processors per node, acceptance, compaction
+    of the accepted path, and the target's hidden state after its last node for the next tree (feature drafts).
+    Returns: (acceptance, fp32 logits and processed scores (tree_size, vocab), the step's clock)."""
+    engine = isinstance(drafter, StaticTreeStep)
+    with compat.final_hidden_states(target, drafter.reads_feature and not engine) as seen:
+        tree, logits, clock, tree_start = _draft_and_verify(target, drafter, cache, sequences, committed)
+    scores = process_tree_logits(logits, tree, sequences, logits_processor)
+    accepted = accept(tree, choose_next_tokens(scores, do_sample))
+    cache.commit_path(committed, accepted.path, tree_start)
+    hidden = drafter.hidden if engine else (seen[0][0] if seen else None)
+    if hidden is not None:
+        drafter.set_feature(hidden[accepted.path[-1]])
+    return accepted, logits, scores, clock
 
 
 def _draft_and_verify(target, drafter, cache: LongSpecCache, sequences: torch.Tensor, committed: int):

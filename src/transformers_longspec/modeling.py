@@ -1,9 +1,7 @@
 """The LongSpec draft model (`LongSpecDraft`): one decoder block that reads the target's own KV cache.
 
     x = target.embed_tokens(ids)                                   # shared, not owned
-    x = x + self_attn(norm1(x))        sliding-window causal self-attention (ring-buffer cache at inference)
-    x = x + cross_attn(norm2(x))       queries from the draft, keys/values = the TARGET's last-layer K/V
-    x = x + mlp(norm3(x))              gated MLP (transformers' LlamaMLP)
+    x = block(x, target K/V [, target hidden state])               # `blocks.LongSpecBlock`
     logits = target.lm_head(norm(x))                               # shared, not owned
 
 The embedding, LM head and rotary embedding are the target's: they are held outside the module tree (`attach_target`),
@@ -16,7 +14,6 @@ Reference: LongSpec (arXiv 2502.17421) §3.1; transformers `modeling_llama.py` f
 
 from __future__ import annotations
 
-import importlib
 import os
 import tempfile
 import warnings
@@ -28,10 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, PreTrainedModel
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, rotate_half
+from transformers import initialization as init
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.utils import ModelOutput
 
+from .blocks import _HYBRID_TREE_ATTENTION, LongSpecBlock, sliding_window_attention, sliding_window_causal_mask
 from .checkpoint import (
     check_loading_info,
     check_saved_draft,
@@ -41,177 +39,6 @@ from .checkpoint import (
     upload_draft_folder,
 )
 from .configuration import AssistantOnlyGenerationConfig, LongSpecConfig, check_target_config, size_mismatches
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` (batch, heads, seq, head_dim) by `cos`/`sin` (batch, seq, head_dim) — the target's RoPE."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (x * cos) + (rotate_half(x) * sin)
-
-
-def _attend(q, k, v, mask=None, is_causal=False, scale=None) -> torch.Tensor:
-    """SDPA with GQA: q (b, H, q, D), k/v (b, Hkv, k, D), optional bool mask (q, k) → (b, H, q, D)."""
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-    )
-
-
-def sliding_window_causal_mask(length: int, window: int, device=None) -> torch.Tensor:
-    """Bool (length, length) mask: query i sees keys j with i - window < j <= i (True = attend).
-
-    Reference: transformers' sliding-window convention (the query itself counts towards the window).
-    """
-    i = torch.arange(length, device=device)
-    delta = i[:, None] - i[None, :]
-    return (delta >= 0) & (delta < window)
-
-
-def sliding_window_attention(q, k, v, window: int, scale: float | None = None) -> torch.Tensor:
-    """Causal sliding-window attention over whole sequences without a (seq, seq) mask.
-
-    Query i sees keys j with i - window < j <= i (`sliding_window_causal_mask`). Queries are cut into blocks of
-    `window`; block t attends to key blocks t-1 and t under one (window, 2 x window) mask, so memory and compute grow
-    linearly with the sequence (a dense mask at 32k tokens is 1 GB of booleans and forces SDPA's quadratic path).
-
-    Args:
-        q: (batch, n_heads, seq, head_dim); k, v: (batch, n_kv_heads, seq, head_dim), already rotated.
-        window: keys per query, the query included (tokens).
-        scale: softmax scale; None = head_dim ** -0.5.
-    Returns: (batch, n_heads, seq, head_dim), dtype of `q`; equal to SDPA with `sliding_window_causal_mask`.
-    Reference: LongSpec §3.1 (sliding-window self-attention of the draft); PyTorch `scaled_dot_product_attention`.
-    """
-    batch, heads, seq, dim = q.shape
-    if seq <= window:
-        return _attend(q, k, v, is_causal=True, scale=scale)
-    blocks = -(-seq // window)
-    pad = blocks * window - seq
-
-    def split(x):  # (b, h, seq, d) -> (b, h, blocks, window, d), zero-padded at the end
-        return F.pad(x, (0, 0, 0, pad)).unflatten(2, (blocks, window))
-
-    def with_previous(x):  # (b, h, blocks, window, d) -> (b * blocks, h, 2 * window, d): [block t-1; block t]
-        previous = F.pad(x[:, :, :-1], (0, 0, 0, 0, 1, 0))
-        return torch.cat([previous, x], dim=3).transpose(1, 2).flatten(0, 1)
-
-    queries = split(q).transpose(1, 2).flatten(0, 1)  # (b * blocks, h, window, d)
-    keys, values = with_previous(split(k)), with_previous(split(v))
-    row = torch.arange(window, device=q.device)[:, None]
-    col = torch.arange(2 * window, device=q.device)[None, :]
-    mask = ((col > row) & (col <= row + window)).expand(blocks, window, 2 * window).clone()
-    mask[0, :, :window] = False  # block 0 has no previous block (those keys are padding)
-    mask = mask.unsqueeze(1).repeat(batch, 1, 1, 1)  # (b * blocks, 1, window, 2 * window)
-    out = _attend(queries, keys, values, mask=mask, scale=scale)
-    return out.unflatten(0, (batch, blocks)).transpose(1, 2).flatten(2, 3)[:, :, :seq]
-
-
-def _optional_hybrid_attention():
-    """The package's `hybrid_tree_attention`, or None where this file is loaded alone as Hub remote code (the
-    static-shape decoding that needs it only runs with the package installed). Imported by name so that
-    transformers' remote-code loader does not look for an `attention.py` beside this file."""
-    try:
-        return importlib.import_module(".attention", __package__).hybrid_tree_attention
-    except ImportError:
-        return None
-
-
-_HYBRID_TREE_ATTENTION = _optional_hybrid_attention()
-
-
-class LongSpecSelfAttention(nn.Module):
-    """Sliding-window causal self-attention of the draft (GQA layout of the target)."""
-
-    def __init__(self, config: LongSpecConfig):
-        super().__init__()
-        h, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.head_dim, self.scaling, self.window = d, d**-0.5, config.sliding_window
-        self.q_proj = nn.Linear(config.hidden_size, h * d, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv * d, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv * d, bias=config.attention_bias)
-        self.o_proj = nn.Linear(h * d, config.hidden_size, bias=False)
-
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(*x.shape[:-1], -1, self.head_dim).transpose(1, 2)
-
-    def project_kv(self, hidden, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        """K (rotated) and V, each (batch, n_kv_heads, seq, head_dim), of normed `hidden` (batch, seq, hidden)."""
-        return _rope(self._heads(self.k_proj(hidden)), cos, sin), self._heads(self.v_proj(hidden))
-
-    def forward(self, hidden, cos, sin, past_keys=None, past_values=None, mask=None):
-        """Attend from `hidden` (batch, q, hidden) over [past; own] keys.
-
-        `mask` is bool (q, past + q); without past and mask, the causal sliding window is applied blockwise
-        (`sliding_window_attention`, linear in the sequence length).
-        Returns (output (batch, q, hidden), own keys, own values) — the latter for the caller's cache.
-        """
-        q = _rope(self._heads(self.q_proj(hidden)), cos, sin)
-        k, v = self.project_kv(hidden, cos, sin)
-        if past_keys is None and mask is None:
-            out = sliding_window_attention(q, k, v, self.window, scale=self.scaling)
-            return self.o_proj(out.transpose(1, 2).flatten(2)), k, v
-        keys = k if past_keys is None else torch.cat([past_keys, k], dim=2)
-        values = v if past_values is None else torch.cat([past_values, v], dim=2)
-        out = _attend(q, keys, values, mask=mask, scale=self.scaling)
-        return self.o_proj(out.transpose(1, 2).flatten(2)), k, v
-
-
-class LongSpecCrossAttention(nn.Module):
-    """Cross-attention from draft queries onto the target's last-layer K/V (already rotated by the target)."""
-
-    def __init__(self, config: LongSpecConfig):
-        super().__init__()
-        h, d = config.num_attention_heads, config.head_dim
-        self.head_dim, self.scaling = d, d**-0.5
-        self.q_proj = nn.Linear(config.hidden_size, h * d, bias=config.attention_bias)
-        self.o_proj = nn.Linear(h * d, config.hidden_size, bias=False)
-
-    def forward(self, hidden, cos, sin, target_keys, target_values, offset: int | None = None, tail_mask=None):
-        """Attend from `hidden` (batch, q, hidden) over target K/V (batch, n_kv_heads, kv, head_dim).
-
-        offset=None: every query sees every target key (inference: all queries sit after the committed cache).
-        tail_mask (m,) bool (inference, static shapes): only the last m keys are masked — key kv - m + j is seen
-        iff tail_mask[j] (the committed cache ends inside that block).
-        offset=j (training, q == kv): query i sees target keys <= i - j, as at inference where the target has
-        not yet verified the last j tokens; queries i < j see none and output zeros (flash noisy training:
-        drop the last j keys and the first j queries, LongSpec §3.2 Alg. 2).
-        """
-        q = _rope(self.q_proj(hidden).view(*hidden.shape[:-1], -1, self.head_dim).transpose(1, 2), cos, sin)
-        if tail_mask is not None:
-            out = _HYBRID_TREE_ATTENTION(q, target_keys, target_values, tail_mask.expand(q.shape[2], -1), self.scaling)
-        elif offset is None:
-            out = _attend(q, target_keys, target_values, scale=self.scaling)
-        else:
-            length = q.shape[2]
-            out = q.new_zeros(q.shape)
-            if offset < length:
-                out[:, :, offset:] = _attend(
-                    q[:, :, offset:], target_keys[:, :, : length - offset], target_values[:, :, : length - offset],
-                    is_causal=True, scale=self.scaling,
-                )
-        return self.o_proj(out.transpose(1, 2).flatten(2))
-
-
-class LongSpecBlock(GradientCheckpointingLayer):
-    """The draft's one decoder block: self-attention → cross-attention → gated MLP, pre-RMSNorm residuals."""
-
-    def __init__(self, config: LongSpecConfig):
-        super().__init__()
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = LongSpecSelfAttention(config)
-        self.post_self_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.cross_attn = LongSpecCrossAttention(config)
-        self.post_cross_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
-
-    def forward(self, hidden, cos, sin, target_keys, target_values, self_mask=None, past_keys=None,
-                past_values=None, cross_offset=None, cross_tail_mask=None):
-        attn, k, v = self.self_attn(self.input_layernorm(hidden), cos, sin, past_keys, past_values, self_mask)
-        hidden = hidden + attn
-        hidden = hidden + self.cross_attn(
-            self.post_self_attention_layernorm(hidden), cos, sin, target_keys, target_values, cross_offset,
-            cross_tail_mask,
-        )
-        hidden = hidden + self.mlp(self.post_cross_attention_layernorm(hidden))
-        return hidden, k, v
 
 
 @dataclass
@@ -250,6 +77,11 @@ class LongSpecPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["LongSpecBlock"]
     _supports_sdpa = True
     accepts_loss_kwargs = False  # the Trainer must not pass num_items_in_batch into forward
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if module is getattr(getattr(self, "block", None), "hidden_proj", None):
+            init.zeros_(module.weight)  # the target's hidden state starts with no say: a plain LongSpec draft
 
 
 class LongSpecDraft(LongSpecPreTrainedModel):
@@ -436,7 +268,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return self.block.self_attn.project_kv(self.block.input_layernorm(hidden), cos, sin)
 
     def step(self, input_ids, position_ids, past_keys, past_values, self_mask, target_keys, target_values,
-             target_tail_mask=None):
+             target_tail_mask=None, target_hidden=None):
         """One inference step of the draft over query tokens (used to grow the tree).
 
         Args:
@@ -446,12 +278,16 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             target_keys, target_values: (1, n_kv_heads, committed, head_dim) — the target's last-layer cache.
             target_tail_mask: optional (m,) bool — the target K/V end with an m-row block of which only these rows
                 are committed (static-shape decoding, `static_step.py`); None means all rows are committed.
+            target_hidden: (1, 1, hidden) — the target's final hidden state at the last committed token; required
+                iff `config.target_hidden_input`.
         Returns: (log-probs (1, q, vocab) fp32, own keys, own values (1, n_kv_heads, q, head_dim)).
+        Raises: ValueError if `target_hidden` is missing although the config asks for it.
         """
+        self._check_target_hidden(target_hidden)
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
         hidden, k, v = self.block(hidden, cos, sin, target_keys, target_values, self_mask, past_keys, past_values,
-                                  cross_tail_mask=target_tail_mask)
+                                  cross_tail_mask=target_tail_mask, target_hidden=target_hidden)
         return torch.log_softmax(self.lm_logits(self.norm(hidden)), dim=-1), k, v
 
     def forward(
@@ -461,6 +297,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         target_values: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         labels: torch.LongTensor | None = None,
+        target_hidden: torch.Tensor | None = None,
         noise_offset: int = 1,
         return_logits: bool = False,
         loss_chunk_size: int = 2048,
@@ -473,6 +310,9 @@ class LongSpecDraft(LongSpecPreTrainedModel):
                 the same tokens at the same `position_ids` (post-RoPE).
             position_ids: (batch, seq) int64, default `arange(seq)`; anchor-offset indices go here.
             labels: (batch, seq) int64 aligned with `input_ids` (shifted inside, -100 = ignored), optional.
+            target_hidden: (batch, seq, hidden) — the target's final (normed) hidden states for the same tokens;
+                required iff `config.target_hidden_input`. Position i reads the state at i - j, the last one the
+                target has verified at inference.
             noise_offset: j >= 1: position i sees target K/V <= i - j (flash noisy training, LongSpec Alg. 2);
                 the first j positions get no loss.
             return_logits: also return the full fp32 logits (memory: batch * seq * vocab * 4 bytes).
@@ -492,13 +332,17 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             )
         if noise_offset < 1:
             raise ValueError(f"noise_offset must be >= 1 (1 = no noise), got {noise_offset}")
+        self._check_target_hidden(target_hidden, (batch, seq, self.config.hidden_size))
+        if target_hidden is not None:  # position i gets the state at i - j (zeros before: those get no loss)
+            target_hidden = F.pad(target_hidden[:, : max(seq - noise_offset, 0)], (0, 0, min(noise_offset, seq), 0))
         if position_ids is None:
             position_ids = torch.arange(seq, device=input_ids.device).expand(batch, seq)
         hidden = self.embed(input_ids)
         if self.block.gradient_checkpointing and self.training and torch.is_grad_enabled():
             hidden.requires_grad_()  # the frozen shared embedding gives no grad; reentrant checkpointing needs one
         cos, sin = self.rotary(hidden, position_ids)
-        hidden, _, _ = self.block(hidden, cos, sin, target_keys, target_values, cross_offset=noise_offset)
+        hidden, _, _ = self.block(hidden, cos, sin, target_keys, target_values, cross_offset=noise_offset,
+                                  target_hidden=target_hidden)
         hidden = self.norm(hidden)
         loss = None
         if labels is not None:
@@ -507,6 +351,18 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             loss = self._chunked_loss(hidden[:, :-1], targets, loss_chunk_size)
         logits = self.lm_logits(hidden) if return_logits else None
         return LongSpecDraftOutput(loss=loss, logits=logits, hidden_states=hidden)
+
+    def _check_target_hidden(self, target_hidden, shape=None) -> None:
+        """Raise ValueError unless `target_hidden` is given exactly when the config reads it (and has `shape`)."""
+        wanted = self.config.target_hidden_input
+        if wanted and target_hidden is None:
+            raise ValueError("this draft reads the target's hidden states (config.target_hidden_input=True): pass "
+                             "target_hidden, the target decoder's final hidden states")
+        if not wanted and target_hidden is not None:
+            raise ValueError("target_hidden given to a draft built without target_hidden_input; build it with "
+                             "LongSpecDraft.from_target(target, target_hidden_input=True) or drop target_hidden")
+        if wanted and shape is not None and tuple(target_hidden.shape) != shape:
+            raise ValueError(f"target_hidden must be (batch, seq, hidden) = {shape}, got {tuple(target_hidden.shape)}")
 
     def _chunked_loss(self, hidden, labels, chunk: int) -> torch.Tensor:
         """Mean CE over labels != -100, computing the LM head `chunk` positions at a time.
@@ -540,9 +396,9 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         """`PreTrainedModel.save_pretrained`, writing a folder ready to push to the Hub.
 
         The folder holds `config.json` (with `auto_map`), `model.safetensors` (draft weights only: the target's
-        embedding and LM head are never saved), the remote-code modules `configuration.py`, `modeling.py` and
-        `checkpoint.py` (so `AutoModel.from_pretrained(folder, trust_remote_code=True)` loads the draft without this
-        package), and `README.md`, the model card made from `model_cards/longspec_draft.md` by
+        embedding and LM head are never saved), the remote-code modules `configuration.py`, `modeling.py`, `blocks.py`
+        and `checkpoint.py` (so `AutoModel.from_pretrained(folder, trust_remote_code=True)` loads the draft without
+        this package), and `README.md`, the model card made from `model_cards/longspec_draft.md` by
         `transformers_longspec.hub.write_model_card`.
 
         Args:
@@ -591,8 +447,9 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return state
 
 
-# save_pretrained writes `auto_map` and copies this file (with configuration.py and checkpoint.py, its only relative
-# imports) beside the weights: `AutoModel.from_pretrained(folder, trust_remote_code=True)` then needs no package.
+# save_pretrained writes `auto_map` and copies this file (with blocks.py, configuration.py and checkpoint.py, its only
+# relative imports) beside the weights: `AutoModel.from_pretrained(folder, trust_remote_code=True)` then needs no
+# package.
 LongSpecDraft.register_for_auto_class("AutoModel")
 
 __all__ = ["LongSpecDraft", "LongSpecPreTrainedModel", "LongSpecDraftOutput", "sliding_window_attention",

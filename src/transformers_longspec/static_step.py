@@ -95,12 +95,17 @@ class StaticTreeStep:
         c = draft.config
         self.ring = DraftRingCache(c.sliding_window, 1 + sum(beam_widths), c.num_key_value_heads, c.head_dim,
                                    param.dtype, device)
+        # the target's final hidden state at the last committed token, read by drafts with target_hidden_input
+        self.reads_feature = c.target_hidden_input
+        self.feature = (torch.zeros(1, 1, c.hidden_size, dtype=param.dtype, device=device) if self.reads_feature
+                        else None)
         self.tokens = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.committed = torch.zeros((), dtype=torch.long, device=device)
         self._refresh = torch.arange(-(self.depth + 1), 0, device=device)
         self._path_slots = torch.arange(max(self.depth, retrieval_tokens) + 1, device=device)  # root + deepest path
         self._tail = torch.arange(TAIL, device=device)
         self._graphs: OrderedDict[tuple[int, bool], tuple] = OrderedDict()
+        self.hidden: torch.Tensor | None = None  # (tree_size, hidden) of the latest verification (feature drafts)
         self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self._stream = torch.cuda.Stream(device) if cuda_graphs else None
         self.compile = compile
@@ -174,7 +179,7 @@ class StaticTreeStep:
         key = (bucket, accept_greedy)
         if key in self._graphs:
             self._graphs.move_to_end(key)
-            draft_graph, verify_graph, tree, out = self._graphs[key]
+            draft_graph, verify_graph, tree, out, self.hidden = self._graphs[key]
             draft_graph.replay()
             events.mark()
             verify_graph.replay()
@@ -194,6 +199,7 @@ class StaticTreeStep:
         while len(self._graphs) >= MAX_GRAPHS:
             self._graphs.popitem(last=False)
         draft_graph, verify_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        hidden = self.hidden
         with self._compiled_regions():
             with torch.cuda.graph(draft_graph, pool=self._pool, stream=stream):
                 static_tree = self._draft(bucket)
@@ -201,7 +207,8 @@ class StaticTreeStep:
                 static_out = self._verify(bucket, static_tree)
                 if accept_greedy:
                     static_out = self._accept_greedy(bucket, static_tree, static_out)
-        self._graphs[(bucket, accept_greedy)] = (draft_graph, verify_graph, static_tree, static_out)
+        self._graphs[(bucket, accept_greedy)] = (draft_graph, verify_graph, static_tree, static_out, self.hidden)
+        self.hidden = hidden  # this step's (eager) hidden states, not the graph's buffer
         return tree, out
 
     def _eager_step(self, bucket: int, accept_greedy: bool = False, events: StepClock | None = None
@@ -254,25 +261,36 @@ class StaticTreeStep:
             self.ring.store_tokens(draft, self.tokens[positions], positions)
         keys, values = self.cache.layers[-1].rows(bucket + TAIL)  # marked dynamic when compiling: every bucket
         tree = grow_tree(draft, self.ring, self.tokens[c.view(1)], c, keys, values, self.beam_widths,
-                         target_tail_mask=self._tail < c - bucket)
+                         target_tail_mask=self._tail < c - bucket, target_hidden=self.feature)
         if self.retrieval_tokens:
             tree = add_retrieval_branch(tree, *longest_match_continuation(self.tokens, c, self.retrieval_tokens))
         return tree
 
     def _verify(self, bucket: int, tree: DraftTree) -> torch.Tensor:
-        """Static-shape verification forward; the tree's K/V land at rows bucket + TAIL ... (see module docstring)."""
+        """Static-shape verification forward; the tree's K/V land at rows bucket + TAIL ... (see module docstring).
+        Returns the logits (tree_size, vocab); for a draft that reads the target's hidden states, `self.hidden` is
+        then (tree_size, hidden), the state after each node."""
         c = self.committed
         mask = torch.cat([(self._tail < c - bucket).expand(self.tree_size, -1), tree.ancestors], dim=1)
         self.cache.set_length(bucket + TAIL)
-        out = self.target_ref()(
-            input_ids=tree.tokens[None],
-            position_ids=(c + tree.depths)[None],
-            attention_mask=mask[None, None],
-            past_key_values=self.cache,
-            use_cache=True,
-            longspec_tree_mask=mask,
-        )
+        target = self.target_ref()
+        with compat.final_hidden_states(target, self.reads_feature) as seen:
+            out = target(
+                input_ids=tree.tokens[None],
+                position_ids=(c + tree.depths)[None],
+                attention_mask=mask[None, None],
+                past_key_values=self.cache,
+                use_cache=True,
+                longspec_tree_mask=mask,
+            )
+        self.hidden = seen[0][0] if seen else None
         return out.logits[0]
+
+    def set_feature(self, hidden: torch.Tensor) -> None:
+        """Store the target's hidden state (hidden,) at the last committed token for the next tree (no-op for a
+        draft without `target_hidden_input`)."""
+        if self.feature is not None:
+            self.feature.copy_(hidden.view_as(self.feature))
 
 
     def _accept_greedy(self, bucket: int, tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
@@ -289,6 +307,8 @@ class StaticTreeStep:
         """
         choices = logits.argmax(dim=-1)
         last = deepest_accepted(tree, choices).view(1)  # a (1,) index: a 0-dim one would be read on the host
+        if self.feature is not None:  # the next tree reads the state after the deepest accepted node
+            self.feature.copy_(self.hidden[last].view_as(self.feature))
         slots = self._path_slots
         depth_slot = torch.where(tree.ancestors[last][0], tree.depths, slots.numel())  # off-path nodes: a spare slot
         path = torch.zeros(slots.numel() + 1, dtype=torch.long, device=self.device)

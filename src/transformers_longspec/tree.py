@@ -80,7 +80,7 @@ def _window_visible(ring: DraftRingCache, query_position: torch.Tensor) -> torch
 
 
 def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, target_keys, target_values,
-              beam_widths, target_tail_mask=None) -> DraftTree:
+              beam_widths, target_tail_mask=None, target_hidden=None) -> DraftTree:
     """Grow a draft tree from `root` by dynamic beam search over cumulative draft log-probability.
 
     Depth d keeps the `beam_widths[d-1]` best (parent, token) pairs among all children of depth d-1; a branch
@@ -95,6 +95,8 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
         target_keys, target_values: (1, n_kv_heads, kv, head_dim), the target's last-layer cache: kv = root_position
             committed rows, or with `target_tail_mask` (m,) bool, rows whose last m are seen only where it is True.
         beam_widths: tuple of positive ints.
+        target_hidden: (1, 1, hidden), the target's final hidden state at position root_position - 1 (the one that
+            chose the root), read by every level of a draft with `config.target_hidden_input`; else None.
     Returns: `DraftTree` on the draft's device.
     Reference: LongSpec §3.3.
     """
@@ -111,7 +113,7 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
     for d in range(len(beam_widths)):
         start, end = ranges[d]
         log_probs = _draft_level(draft, ring, tokens, ancestors, start, end, root_position + d,
-                                 target_keys, target_values, target_tail_mask)
+                                 target_keys, target_values, target_tail_mask, target_hidden)
         width = beam_widths[d]
         # the best `width` children overall are among each parent's best `width`: top-k per row first, then one
         # top-k over n * width candidates instead of n * vocab (the same set; much less work for a 150k vocab)
@@ -126,7 +128,8 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
     return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores)
 
 
-def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_keys, target_values, tail_mask):
+def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_keys, target_values, tail_mask,
+                 target_hidden):
     """Run the draft on tree nodes [start, end) (all at `position`); store their K/V; return (n, vocab) log-probs."""
     n = end - start
     device = tokens.device
@@ -139,7 +142,7 @@ def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_ke
     past_v = torch.cat([ring.ring_values, ring.tree_values[:, :, :start]], dim=2)
     positions = position.expand(1, n)
     log_probs, k, v = draft.step(tokens[None, start:end], positions, past_k, past_v, mask, target_keys, target_values,
-                                 tail_mask)
+                                 tail_mask, target_hidden)
     ring.tree_keys[:, :, start:end] = k
     ring.tree_values[:, :, start:end] = v
     return log_probs[0]

@@ -97,10 +97,12 @@ def measure_costs(target, draft, candidates) -> TreeCosts:
     c = draft.config
     param = next(draft.parameters())
     keys = torch.zeros(1, c.num_key_value_heads, 16, c.head_dim, dtype=param.dtype, device=device)
+    feature = torch.zeros(1, 1, c.hidden_size, dtype=param.dtype, device=device) if c.target_hidden_input else None
     rings = {w: DraftRingCache(c.sliding_window, 1 + sum(w), c.num_key_value_heads, c.head_dim, param.dtype, device)
              for w in candidates if w}
     work = {("verify", t): (lambda t=t: forward(t)) for t in _VERIFY_POINTS}
-    work.update({("draft", w): (lambda w=w: grow_tree(draft, rings[w], ids[0, :1], 16, keys, keys, w)) for w in rings})
+    work.update({("draft", w): (lambda w=w: grow_tree(draft, rings[w], ids[0, :1], 16, keys, keys, w,
+                                                      target_hidden=feature)) for w in rings})
     best = dict.fromkeys(work, math.inf)
     for _ in range(3):  # three passes over everything, the best of each kept: the first warms up, drift averages out
         for name, fn in work.items():

@@ -115,3 +115,54 @@ def test_mix_recipe_builds_step_items_and_checks_its_settings(tmp_path, fake_sit
     path.write_text(json.dumps({"data": {"source": "mix", "format": "packed"}}))
     with pytest.raises(ValueError, match="go together"):
         load_recipe(path)
+
+
+def test_mixed_soft_and_hard_loss_is_one_pass_of_both_terms():
+    """w * soft + (1 - w) * hard from one LM-head pass per chunk equals the two losses computed apart."""
+    torch.manual_seed(1)
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target)
+    ids = torch.randint(3, 99, (2, 20))
+    labels = ids.clone()
+    labels[0, 7] = -100
+    keys, values = (torch.randn(2, 2, 20, 8) for _ in range(2))
+    out = draft(input_ids=ids, target_keys=keys, target_values=values, labels=labels, noise_offset=2)
+    top = target_topk(target, torch.randn(2, 20, 32), k=6)
+    soft = soft_distill_loss(draft.lm_logits, out.hidden_states, *top, labels, noise_offset=2, chunk=7)
+    mixed = soft_distill_loss(draft.lm_logits, out.hidden_states, *top, labels, noise_offset=2, chunk=7,
+                              soft_weight=0.3)
+    assert mixed.item() == pytest.approx(0.3 * soft.item() + 0.7 * out.loss.item(), rel=1e-5)
+
+
+def test_rows_cache_is_built_once_and_refused_when_stale(tmp_path, fake_site, monkeypatch):
+    """`longspec data` writes the short and long rows; a build with the same settings reads them instead of scanning
+    (the same items), other settings are refused naming them."""
+    from transformers_longspec.cli import main
+    from transformers_longspec.trainers import mix as mix_module
+
+    recipe = tmp_path / "mix.json"
+    rows = tmp_path / "rows.pt"
+    mix = {"short_rows": 8, "short_seq_length": 32, "short_rows_per_step": 4, "long_rows": 1, "long_seq_length": 300,
+           "long_min_length": 200, "long_kinds": {"python": 1.0}, "roots": [str(fake_site)], "min_chars": 100,
+           "system_docs": False, "eval_items": 0, "rows_cache": str(rows)}
+    recipe.write_text(json.dumps({"data": {"source": "mix", "format": "mix", "mix": mix}}))
+    tok = make_char_tokenizer()
+    monkeypatch.setattr("transformers_longspec.cli.train.load_tokenizer", lambda spec: tok)
+    assert main(["data", "--recipe", str(recipe), "--target", "unused"]) == 0 and rows.is_file()
+    fresh, _, fresh_summary = build_mix(MixSpec(**{**mix, "rows_cache": None}), tok)
+    real_documents = mix_module.corpus_documents
+    monkeypatch.setattr(mix_module, "corpus_documents", None)  # a scan would fail now: the cache must serve
+    monkeypatch.setattr(mix_module, "repository_documents", None)
+    cached, _, summary = build_mix(MixSpec(**mix), tok)
+    assert [item["input_ids"].tolist() for item in cached] == [item["input_ids"].tolist() for item in fresh]
+    assert summary["counts"]["short_rows_python"] == fresh_summary["counts"]["short_rows_python"]
+    with pytest.raises(ValueError, match=r"other \['short_rows'\]"):
+        build_mix(MixSpec(**{**mix, "short_rows": 4}), tok)
+    assert main(["data", "--recipe", "qwen2.5-coder-1.5b-mix", "--target", "unused"]) == 2  # no rows_cache named
+    chat = {**mix, "chat_prompts": 3, "chat_prompt_chars": [60, 120], "chat_max_new_tokens": 4, "chat_batch_size": 2,
+            "chat_kinds": ["python"], "chat_cache": str(tmp_path / "answers.jsonl")}
+    recipe.write_text(json.dumps({"data": {"source": "mix", "format": "mix", "mix": chat}}))
+    monkeypatch.setattr(mix_module, "corpus_documents", real_documents)
+    monkeypatch.setattr("transformers_longspec.cli.train.load_target", lambda *a: (make_target("qwen2"), tok))
+    assert main(["data", "--chat", "--recipe", str(recipe), "--target", "unused", "--device", "cpu"]) == 0
+    assert len((tmp_path / "answers.jsonl").read_text().splitlines()) == 3  # the answers train reads, not regenerates

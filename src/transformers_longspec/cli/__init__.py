@@ -1,4 +1,4 @@
-"""`longspec` command line: `demo`, `generate`, `train`, `bench` (one module per command, `models` shared).
+"""`longspec` command line: `demo`, `generate`, `train` / `data`, `bench` (a module per command, `models` shared).
 
     longspec demo                         # SmolLM2-135M-Instruct + our trained draft on a real repository file
     longspec generate --target smollm2 --prompt "Write a haiku about GPUs." --chat
@@ -17,7 +17,7 @@ import sys
 
 from .bench import add_bench_parser
 from .generate import add_demo_parser, add_generate_parser
-from .train import add_train_parser
+from .train import add_data_parser, add_train_parser
 
 __all__ = ["build_parser", "main"]
 
@@ -41,13 +41,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `longspec` argument parser: `demo`, `generate`, `train`, `bench` (each with its own `--help`)."""
+    """The `longspec` argument parser: `demo`, `generate`, `train`, `data`, `bench` (each with its own `--help`)."""
     parser = _Parser(
         prog="longspec", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Lossless long-context speculative decoding (LongSpec) for Hugging Face transformers.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (add_demo_parser, add_generate_parser, add_train_parser, add_bench_parser):
+    for add in (add_demo_parser, add_generate_parser, add_train_parser, add_data_parser, add_bench_parser):
         add(sub)
     return parser
 

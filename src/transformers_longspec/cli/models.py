@@ -14,7 +14,7 @@ import torch
 
 from ..configuration import LongSpecConfig, size_mismatches
 
-__all__ = ["check_draft_option", "load_draft", "load_target"]
+__all__ = ["check_draft_option", "load_draft", "load_target", "load_tokenizer"]
 
 
 def load_target(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
@@ -44,6 +44,27 @@ def load_target(spec: str, dtype: torch.dtype = torch.float32, device: str = "cp
     else:
         raise FileNotFoundError(f"--target {spec!r}: not a model folder, a .gguf file, or 'smollm2'")
     return model.to(device).eval(), tokenizer
+
+
+def load_tokenizer(spec: str):
+    """The tokenizer of the target named on the command line (as `load_target`, without loading weights).
+
+    Raises: FileNotFoundError if the path does not exist; ImportError naming the package to install.
+    Reference: transformers `AutoTokenizer.from_pretrained` (`gguf_file=`).
+    """
+    from transformers import AutoTokenizer
+
+    if spec == "smollm2":
+        from ..demo import SMOLLM2_GGUF, smollm2_dir
+
+        path = smollm2_dir() / SMOLLM2_GGUF
+    else:
+        path = Path(spec)
+    if path.suffix == ".gguf" and path.is_file():
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if path.is_dir():
+        return AutoTokenizer.from_pretrained(path)
+    raise FileNotFoundError(f"--target {spec!r}: not a model folder, a .gguf file, or 'smollm2'")
 
 
 def check_draft_option(path: str) -> None:

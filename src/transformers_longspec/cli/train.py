@@ -3,8 +3,10 @@
     longspec train --recipe stage1 --target smollm2 --output drafts/smollm2-stage1
     longspec train --recipe stage2 --target ./Qwen2.5-Coder-1.5B --draft drafts/q-stage1 --output drafts/q-stage2
     longspec train --recipe stage3 --target model.gguf --draft drafts/q-stage2 --lora --output drafts/q-code
+    longspec data --recipe qwen2.5-coder-1.5b-mix --target model.gguf --set-mix rows_cache=rows.pt  # scan once
 
-The main CLI calls `add_train_parser(subparsers)` to register the command and `run_train(args)` to run it.
+The main CLI calls `add_train_parser(subparsers)` / `add_data_parser(subparsers)` to register the commands and
+`run_train(args)` / `run_data(args)` to run them.
 Progress bars and loss logs come from the transformers `Trainer`. User mistakes raise ValueError /
 FileNotFoundError / ImportError with the fix in the message (the CLI prints them without a traceback).
 
@@ -21,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from .models import check_draft_option, load_target
+from .models import check_draft_option, load_target, load_tokenizer
 
-__all__ = ["add_train_parser", "run_train"]
+__all__ = ["add_data_parser", "add_train_parser", "run_data", "run_train"]
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
@@ -71,10 +73,77 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a training argument, e.g. --set learning_rate=1e-4 (JSON values where possible)")
-    p.add_argument("--set-data", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a data setting of the recipe, e.g. --set-data max_sequences=64")
+    _add_data_options(p)
     p.set_defaults(func=run_train)
     return p
+
+
+def _add_data_options(p) -> None:
+    p.add_argument("--set-data", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a data setting of the recipe, e.g. --set-data max_sequences=64")
+    p.add_argument("--set-mix", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a mixed-data setting (data.mix) of the recipe, e.g. --set-mix short_rows=4096 or "
+                   "--set-mix rows_cache=rows.pt (reuse the rows `longspec data` built)")
+
+
+def add_data_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `data` subcommand (sets `func=run_data`): build a mixed-data recipe's short and long rows once.
+
+    Args:
+        subparsers: the object returned by `ArgumentParser.add_subparsers()`.
+    Returns: the `data` sub-parser.
+    Reference: Python `argparse`; `trainers/mix.py`.
+    """
+    p = subparsers.add_parser(
+        "data", help="scan the corpus and tokenize a mixed-data recipe's rows into its rows_cache",
+        description="Build the short and long rows of a recipe with data.source 'mix' (code of several languages and "
+        "prose from the installed packages, long rows) with only the target's tokenizer, into the file "
+        "data.mix.rows_cache; `longspec train` with the same recipe and rows_cache then skips the scan. Chat "
+        "self-distillation rows need the target model and are built by `longspec train`.",
+        epilog="example: longspec data --recipe qwen2.5-coder-1.5b-mix --target ./qwen15 --set-mix rows_cache=rows.pt",
+    )
+    p.add_argument("--target", required=True, metavar="MODEL",
+                   help="the model the draft serves (only its tokenizer is loaded): 'smollm2', a model folder or a "
+                   ".gguf file")
+    p.add_argument("--recipe", required=True, metavar="NAME_OR_JSON", help="a recipe with data.source 'mix'")
+    p.add_argument("--chat", action="store_true",
+                   help="instead, load the target and generate its chat self-distillation answers into "
+                   "data.mix.chat_cache (on a GPU: batched greedy generation)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where --chat generates")
+    _add_data_options(p)
+    p.set_defaults(func=run_data)
+    return p
+
+
+def run_data(args) -> dict:
+    """Run `longspec data`: the recipe's short and long rows into `data.mix.rows_cache` (see `add_data_parser`).
+
+    Returns: the scan's statistics {"documents", "skipped_evaluation", "duplicates", "files_seen", "build_s",
+        "rows_cache"}.
+    Raises: ValueError for a recipe without mixed data or without rows_cache (the message gives the option).
+    """
+    from transformers_longspec.trainers.corpus import CorpusStats
+    from transformers_longspec.trainers.mix import MixSpec, chat_rows, short_and_long_rows
+    from transformers_longspec.trainers.recipes import load_recipe
+
+    recipe = _with_data_overrides(load_recipe(args.recipe), args.set_data, args.set_mix)
+    cache = "chat_cache" if args.chat else "rows_cache"
+    if recipe.data.source != "mix" or not (recipe.data.mix or {}).get(cache):
+        raise ValueError(f"longspec data builds a recipe with data.source 'mix' into data.mix.{cache}: use such a "
+                         f"recipe (e.g. qwen2.5-coder-1.5b-mix) and add --set-mix {cache}=FILE")
+    start, stats, spec = time.perf_counter(), CorpusStats.empty(), MixSpec(**recipe.data.mix)
+    if args.chat:
+        device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        target, tokenizer = load_target(args.target, torch.bfloat16 if device == "cuda" else torch.float32, device)
+        built = f"{len(chat_rows(spec, tokenizer, target, stats))} chat rows"
+    else:
+        short, long_rows = short_and_long_rows(spec, load_tokenizer(args.target), stats)
+        built = f"{len(short)} short and {len(long_rows)} long rows"
+    summary = {**dataclasses.asdict(stats), "build_s": round(time.perf_counter() - start, 1),
+               cache: getattr(spec, cache)}
+    print(f"longspec data: {built} -> {summary[cache]}: "
+          + json.dumps({k: v for k, v in summary.items() if k != cache}))
+    return summary
 
 
 def _check_train_args(args) -> None:
@@ -107,15 +176,21 @@ def _parse_sets(pairs: list[str]) -> dict:
     return out
 
 
-def _with_data_overrides(recipe, pairs: list[str]):
-    """The recipe with `--set-data KEY=VALUE` applied to its data section (validated again by `DataSpec`)."""
-    if not pairs:
+def _with_data_overrides(recipe, pairs: list[str], mix_pairs: list[str] = ()):
+    """The recipe with `--set-data KEY=VALUE` applied to its data section and `--set-mix KEY=VALUE` to its data.mix
+    (validated again by `DataSpec` / `MixSpec`)."""
+    if not pairs and not mix_pairs:
         return recipe
     overrides = _parse_sets(pairs)
     allowed = {f.name for f in dataclasses.fields(recipe.data)}
     unknown = sorted(set(overrides) - allowed)
     if unknown:
         raise ValueError(f"--set-data: unknown data settings {unknown}; allowed: {sorted(allowed)}")
+    if mix_pairs:
+        if recipe.data.source != "mix":
+            raise ValueError(f"--set-mix changes data.mix, but recipe {recipe.name!r} has data.source "
+                             f"{recipe.data.source!r}; use --set-data, or a recipe with mixed data")
+        overrides["mix"] = {**(recipe.data.mix or {}), **_parse_sets(mix_pairs)}
     return dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, **overrides))
 
 
@@ -175,7 +250,7 @@ def run_train(args) -> dict:
 
     start = time.perf_counter()
     _check_train_args(args)
-    recipe = _with_data_overrides(load_recipe(args.recipe), args.set_data)
+    recipe = _with_data_overrides(load_recipe(args.recipe), args.set_data, args.set_mix)
     overrides, device, bf16 = _training_overrides(args, recipe)
     training_args = build_training_arguments(recipe, args.output, **overrides)
     # Several processes (accelerate launch): load on the CPU; the trainer shards the target or moves it to the GPU.
@@ -210,7 +285,8 @@ def run_train(args) -> dict:
         "train_loss": result.training_loss, "eval_loss": metrics.get("eval_loss"),
         "train_runtime_s": result.metrics.get("train_runtime"), "total_runtime_s": time.perf_counter() - start,
         "device": device, "bf16": bf16, "save_dtype": args.save_dtype, "overrides": _parse_sets(args.set),
-        "data_overrides": _parse_sets(args.set_data), "timings_s": timings, "log_history": trainer.state.log_history,
+        "data_overrides": {**_parse_sets(args.set_data), **_parse_sets(args.set_mix)}, "timings_s": timings,
+        "log_history": trainer.state.log_history,
     }
     if trainer.is_world_process_zero():
         output.mkdir(parents=True, exist_ok=True)  # the record first: save_pretrained puts it into the model card
