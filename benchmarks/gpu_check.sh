@@ -13,10 +13,11 @@ mode=all
 case "${1:-}" in tests|profile) mode=$1; shift ;; esac
 
 if [ "$mode" != profile ]; then
+  # the whole log is kept (a failure's traceback is what a later session needs); its tail is printed
   python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda_graphs.py tests/test_attention.py \
     "tests/test_bench_plain_graph.py" \
-    "tests/test_long_run.py::test_thousand_generations_stay_exact_and_flat[cuda]" 2>&1 | tail -25 \
-    | tee "$OUT/gpu_tests.log"
+    "tests/test_long_run.py::test_thousand_generations_stay_exact_and_flat[cuda]" > "$OUT/gpu_tests.log" 2>&1
+  tail -25 "$OUT/gpu_tests.log"
 fi
 if [ "$mode" != tests ]; then
   python3 benchmarks/step_profile.py --shape "${1:-qwen2.5-1.5b}" --contexts "${2:-8192,30000}" \

@@ -1,20 +1,35 @@
 #!/usr/bin/env bash
-# One single-GPU lease (nvidia-h200) for the Qwen2.5-Coder-1.5B-Instruct target (and SmolLM2-135M-Instruct, when
-# staged), after staging the GGUFs:
-#   bash benchmarks/lease_h200.sh launch   # copy the work tree to ~/lease/repo, start the pipeline detached (setsid)
-#   bash benchmarks/lease_h200.sh sync     # copy this call's src/ trainers/ kernels/ benchmarks/ over ~/lease/repo:
-#                                          # phases not yet started run the patched code (a fix found mid-lease)
-#   bash benchmarks/lease_h200.sh wait SECS  # hold the machine up to SECS (or until DONE), pack ~/lease into
-#                                            # $OUT/lease.tgz
-# Pipeline (every phase logs to ~/lease/out/<phase>/, a failed phase does not stop the next):
-#   convert (GGUFs -> folders ~/qwen15 bf16, ~/smollm2 fp32) -> three side by side: GPU tests (graphs, compiled
-#   step, retrieval, long run); the Qwen draft trained on the mixed builder's data (gpu_train_mix.sh, TRAIN_MIN
-#   minutes of steps); `smol`: SmolLM2 drafts of the same builder (SMOL_VARIANTS, each SMOL_MIN minutes of steps)
-#   and their tau beside the bundled draft (fp32, tree / chain) -> tau matrix of the Qwen draft (tree / tree +
-#   retrieval / chain / retrieval alone on public + held-out documents) -> end-to-end bench of every greedy method.
+# One single-GPU lease (nvidia-h200) for the Qwen2.5-Coder-1.5B-Instruct target and SmolLM2-135M-Instruct, after
+# staging both GGUFs (gguf-models stage ...: Qwen in .stage, SmolLM2 with --repo .s135):
+#   bash benchmarks/lease_h200.sh launch     # copy the work tree to ~/lease/repo, start the pipeline detached (setsid)
+#   bash benchmarks/lease_h200.sh sync       # copy this call's src/ trainers/ kernels/ benchmarks/ over ~/lease/repo:
+#                                            # phases not yet started run the patched code (a fix found mid-lease)
+#   bash benchmarks/lease_h200.sh wait SECS  # hold the machine up to SECS (or until DONE), pack ~/lease/out into
+#                                            # $OUT/lease.tgz (drafts in $OUT/drafts.tgz)
+# Pipeline (every phase logs to ~/lease/out/<phase>/, a failed phase does not stop the next; times on one H200):
+#   data     (CPU, beside convert) the corpus scans of both mixed recipes, once per tokenizer (`longspec data`,
+#            rows_cache): code of several languages + prose of the machine's packages and docs, long rows
+#   convert  GGUFs -> ~/qwen15 (bf16) and ~/smollm2 (fp32)                                             ~2 min
+#   gputests (beside chat) CUDA graphs, compiled step, feature drafts, retrieval, plain loop, 1,000-call long run
+#   chat     the Qwen target's own chat answers over corpus documents (`longspec data --chat`)        ~2.5 min
+#   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps)  ~8 min
+#   smol     (beside train and tau) SmolLM2 drafts at equal budget, one lever changed each (SMOL_VARIANTS), their
+#            tau in fp32 (tree / chain) beside the bundled draft's, then the bundled draft's successor
+#            (SMOL_FINAL_MIN minutes)
+#   tau      the Qwen draft: tree / tree + retrieval / chain / retrieval alone on held-out + public documents
+#   bench    every greedy method end to end in one process, alone on the GPU
 # Set LONGSPEC_COMMIT on the launch command line; carry .evaldata (public jsonl + heldout.jsonl).
+# DRY=1: the same pipeline on a CPU in minutes (tiny data and steps, 2k-token prompts, 16 new tokens; HOME pointing at
+# a folder with stage/qwen2.5-coder-1.5b-instruct.gguf and stage/smollm2-135m-instruct.gguf, any small GGUFs).
 set -uo pipefail
 L=$HOME/lease
+DRY=${DRY:-0}
+QWEN_GGUF=$HOME/stage/qwen2.5-coder-1.5b-instruct.gguf
+SMOL_GGUF=$HOME/stage/smollm2-135m-instruct.gguf
+RECIPE=${RECIPE:-qwen2.5-coder-1.5b-mix}
+SMOL_RECIPE=${SMOL_RECIPE:-smollm2-mix}
+DRAFT_SET=${DRAFT_SET:-'{"target_hidden_input": true}'}
+CHAT_MIX=${CHAT_MIX:-'"chat_prompts": 256, "chat_batch_size": 128'}
 
 phase() {  # phase NAME SECONDS COMMAND...: run COMMAND (killed after SECONDS) with OUT=$L/out/NAME, log the outcome
   local name=$1 limit=$2
@@ -25,51 +40,111 @@ phase() {  # phase NAME SECONDS COMMAND...: run COMMAND (killed after SECONDS) w
   echo "$(date +%T) end $name rc=$?" >> "$L/status"
 }
 
+pkg() {  # pkg DIR: the package assembled under DIR, on PYTHONPATH with the staged gguf reader
+  bash benchmarks/assemble_package.sh "$1" && export PYTHONPATH=$1:$HOME/stage/site PYTHONUNBUFFERED=1 \
+    TOKENIZERS_PARALLELISM=true HF_HUB_OFFLINE=1 LONGSPEC_EVAL_DIR=$PWD/.evaldata
+}
+
+dry() {  # dry SMALL LARGE: SMALL in a dry run, else LARGE
+  if [ "$DRY" = 1 ]; then echo "$1"; else echo "$2"; fi
+}
+
+# data.mix settings of every Qwen run: the corpus rows and chat answers the data and chat phases made
+qwen_mix() {
+  echo "{\"rows_cache\": \"$HOME/rows-qwen15.pt\", \"chat_cache\": \"$HOME/chat-cache-qwen15.jsonl\", $CHAT_MIX$(dry \
+    ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')$1}"
+}
+smol_mix() {
+  echo "{\"rows_cache\": \"$HOME/rows-smollm2.pt\", \"chat_cache\": \"$HOME/chat-cache-smollm2.jsonl\"$(dry \
+    ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')$1}"
+}
+set_mix() {  # set_mix JSON: the --set-mix arguments of a JSON object
+  python3 -c 'import json, sys; [print(f"--set-mix={k}={json.dumps(v)}") for k, v in json.loads(sys.argv[1]).items()]' "$1"
+}
+
 case "${1:-}" in
   launch)
     rm -rf "$L" && mkdir -p "$L/out" "$L/repo"
-    tar --exclude=./.stage --exclude=./.git -cf - . | tar -xf - -C "$L/repo"
+    tar --exclude=./.stage --exclude=./.s135 --exclude=./.git --exclude=./.venv -cf - . | tar -xf - -C "$L/repo"
     setsid nohup bash "$L/repo/benchmarks/lease_h200.sh" pipeline > "$L/pipeline.log" 2>&1 < /dev/null &
     sleep 2 && cat "$L/status" 2>/dev/null; echo launched ;;
-  pipeline)  # phase limits keep the whole lease inside its device time; override with STEPS / TAU_S / BENCH_S
-    export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown}
-    draft=$HOME/draft-qwen15-mix
-    phase convert 300 bash -c 'bash benchmarks/gpu_qwen.sh prepare; s=$HOME/stage/smollm2-135m-instruct.gguf; \
-      [ ! -f "$s" ] || PYTHONPATH=$HOME/stage/site python3 benchmarks/gguf_to_hf.py "$s" "$HOME/smollm2" --dtype float32'
-    mkdir -p "$HOME/stage" && ln -sfn "$HOME/qwen15" "$HOME/stage/qwen2.5-coder-1.5b-instruct"
-    phase gputests 300 bash benchmarks/gpu_check.sh tests &
-    if [ -f "$HOME/smollm2/config.json" ]; then phase smol "${TRAIN_S:-500}" bash benchmarks/lease_h200.sh smol & fi
-    phase train "${TRAIN_S:-500}" env DRAFT="$draft" TRAIN_EXTRA="--max-steps ${STEPS:-900} --max-minutes ${TRAIN_MIN:-4}" \
-      MIX_SET="${MIX_SET:-}" bash benchmarks/gpu_train_mix.sh
-    wait
+  pipeline)  # phase limits keep the whole lease inside its device time
+    export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown} DRY
+    draft=$HOME/draft-qwen15
+    phase data "$(dry 300 420)" bash benchmarks/lease_h200.sh data &
+    data_pid=$!
+    phase convert 300 bash -c 'bash benchmarks/lease_h200.sh convert'
+    phase gputests 300 bash benchmarks/lease_h200.sh gputests &
+    tests_pid=$!
+    wait "$data_pid"
+    phase chat "$(dry 240 200)" bash benchmarks/lease_h200.sh chat
+    if [ -f "$HOME/smollm2/config.json" ]; then phase smol "${SMOL_S:-$(dry 900 840)}" bash benchmarks/lease_h200.sh smol & fi
+    smol_pid=$!
+    wait "$tests_pid"
+    phase train "$(( ${TRAIN_MIN:-8} * 60 + 120 ))" bash benchmarks/lease_h200.sh train
     [ -f "$draft/config.json" ] || draft=  # no trained draft (training failed or ran out of time): an untrained one
-    [ "${TAU_S:-200}" = 0 ] || phase tau $((${TAU_S:-200} + 60)) bash -c "bash benchmarks/assemble_package.sh /tmp/pkg-tau && \
-      PYTHONPATH=/tmp/pkg-tau:\$HOME/stage/site LONGSPEC_EVAL_DIR=\$PWD/.evaldata PYTHONUNBUFFERED=1 python3 \
-      benchmarks/tau_matrix.py --target \$HOME/qwen15 ${draft:+--draft $draft} --datasets \
-      heldout:4,code_completion,summarization --buckets 8192,16384,30000 --per-bucket 2 \
-      --max-new-tokens 256 --max-seconds ${TAU_S:-200} --out \$OUT/tau_matrix.json"
-    phase bench $((${BENCH_S:-240} + 90)) env DRAFT="$draft" NEW=256 MAX_S="${BENCH_S:-240}" \
-      DATASETS="${BENCH_DATASETS:-heldout,code_completion,summarization}" BUCKETS=8192,30000 \
-      METHODS=sdpa,plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain \
-      bash benchmarks/gpu_bench.sh greedy-retrieval
+    phase tau "$(( ${TAU_S:-200} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
+    wait "$smol_pid"
+    phase bench "$(( ${BENCH_S:-220} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
-  smol)  # SmolLM2 drafts from the mixed builder (one after another, sharing the chat cache), each followed by its
-         # tau in fp32; the bundled draft's tau first, for the comparison in the same run
-    bash benchmarks/assemble_package.sh /tmp/pkg-smol
-    smol_tau() {
-      PYTHONPATH=/tmp/pkg-smol LONGSPEC_EVAL_DIR=$PWD/.evaldata PYTHONUNBUFFERED=1 python3 benchmarks/tau_matrix.py \
-        --target "$HOME/smollm2" --draft "$1" --dtype float32 --datasets heldout:4,code_completion,summarization \
-        --buckets 2048,4096 --per-bucket 1 --max-new-tokens 128 --configs tree,chain --max-seconds 60 \
-        --out "$OUT/tau_smol_$(basename "$1").json" || true
+  data)  # both corpus scans at once (CPU only: they need just the tokenizers, read from the GGUFs)
+    pkg /tmp/pkg-data
+    # shellcheck disable=SC2046  # set_mix prints one argument per line
+    python3 -m transformers_longspec.cli data --recipe "$RECIPE" --target "$QWEN_GGUF" $(set_mix "$(qwen_mix)") &
+    [ ! -f "$SMOL_GGUF" ] || python3 -m transformers_longspec.cli data --recipe "$SMOL_RECIPE" --target "$SMOL_GGUF" \
+      $(set_mix "$(smol_mix)")
+    wait ;;
+  convert)
+    pkg /tmp/pkg-convert
+    python3 benchmarks/gguf_to_hf.py "$QWEN_GGUF" "$HOME/qwen15" --dtype "$(dry float32 bfloat16)" &
+    [ ! -f "$SMOL_GGUF" ] || python3 benchmarks/gguf_to_hf.py "$SMOL_GGUF" "$HOME/smollm2" --dtype float32
+    wait
+    mkdir -p "$HOME/stage" && ln -sfn "$HOME/qwen15" "$HOME/stage/qwen2.5-coder-1.5b-instruct" ;;
+  gputests)
+    if [ "$DRY" = 1 ]; then echo "dry run: no GPU tests"; else bash benchmarks/gpu_check.sh tests; fi ;;
+  chat)  # the Qwen target's chat answers, cached for the train phase (which then generates none)
+    pkg /tmp/pkg-chat
+    # shellcheck disable=SC2046
+    python3 -m transformers_longspec.cli data --chat --recipe "$RECIPE" --target "$HOME/qwen15" \
+      $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 150)")") ;;
+  train)
+    OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
+      MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \
+      TRAIN_EXTRA="--max-steps ${STEPS:-1500} --max-minutes $(dry 1 "${TRAIN_MIN:-8}")" bash benchmarks/gpu_train_mix.sh ;;
+  tau)  # the Qwen draft ($2; none: an untrained one) on held-out and public documents
+    pkg /tmp/pkg-tau
+    python3 benchmarks/tau_matrix.py --target "$HOME/qwen15" ${2:+--draft "$2"} --dtype "$(dry float32 bfloat16)" \
+      --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 8192,16384,30000)" --per-bucket \
+      "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" --max-seconds "$(dry 60 "${TAU_S:-200}")" --out "$OUT/tau_matrix.json" ;;
+  bench)  # every greedy method in one process (no other GPU work meanwhile)
+    OUT=$OUT DRAFT=${2:-} NEW=$(dry 16 256) MAX_S=$(dry 60 "${BENCH_S:-220}") PKG=/tmp/pkg-bench \
+      DATASETS="${BENCH_DATASETS:-heldout,code_completion,summarization}" BUCKETS=$(dry 2048 8192,30000) \
+      METHODS=${BENCH_METHODS:-plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain,sdpa} \
+      bash benchmarks/gpu_bench.sh greedy-retrieval ;;
+  smol)  # SmolLM2 drafts from the same builder: the levers at equal budget, then the bundled draft's successor
+    pkg /tmp/pkg-smol
+    smol_tau() {  # smol_tau DRAFT_FOLDER NAME
+      python3 benchmarks/tau_matrix.py --target "$HOME/smollm2" --draft "$1" --dtype float32 \
+        --datasets heldout:4,code_completion,summarization --buckets 2048,4096 --per-bucket 1 \
+        --max-new-tokens "$(dry 16 128)" --configs tree,chain --max-seconds "$(dry 30 60)" --out "$OUT/tau_smol_$2.json" \
+        || true
     }
-    smol_tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct"
-    for v in ${SMOL_VARIANTS:-mix noinit}; do
-      case $v in noinit) set_draft='{"init_from_target": false}' ;; *) set_draft='' ;; esac
-      OUT=$OUT/$v DRAFT=$HOME/draft-smol-$v RECIPE=smollm2-mix TARGET=$HOME/smollm2 PKG=/tmp/pkg-smol \
-        CHAT_CACHE=$HOME/chat-cache-smollm2.jsonl DRAFT_SET="$set_draft" \
-        TRAIN_EXTRA="--max-minutes ${SMOL_MIN:-1.5}" bash benchmarks/gpu_train_mix.sh || continue
-      cp -r "$HOME/draft-smol-$v" "$OUT/draft-smol-$v"
-      smol_tau "$HOME/draft-smol-$v"
+    smol_tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
+    for v in ${SMOL_VARIANTS:-full nofeature nochat nolong nosoft noinit} final; do
+      draft_set=$DRAFT_SET mix_set="" extra="" minutes=${SMOL_MIN:-1}
+      case $v in
+        nofeature) draft_set='{"target_hidden_input": false}' ;;
+        noinit) draft_set="${DRAFT_SET%\}}, \"init_from_target\": false}" ;;
+        nochat) mix_set=', "chat_prompts": 0' ;;
+        nolong) mix_set=', "long_rows": 0' ;;
+        nosoft) extra="--set soft_labels_topk=0" ;;
+        final) minutes=${SMOL_FINAL_MIN:-4} ;;
+      esac
+      OUT=$OUT/$v DRAFT=$HOME/draft-smol-$v RECIPE=$SMOL_RECIPE TARGET=$HOME/smollm2 PKG=/tmp/pkg-smol-train \
+        CHAT_CACHE=$HOME/chat-cache-smollm2.jsonl DRAFT_SET="$draft_set" MIX_SET="$(smol_mix "$mix_set")" DRY_RUN=$DRY \
+        TRAIN_EXTRA="$extra --max-steps $(( minutes * ${SMOL_STEPS_PER_MIN:-700} )) --max-minutes $minutes" \
+        bash benchmarks/gpu_train_mix.sh || continue
+      smol_tau "$HOME/draft-smol-$v" "$v"
     done ;;
   sync)
     cp -r src trainers kernels benchmarks "$L/repo"/ && echo "synced into $L/repo" ;;
@@ -77,7 +152,10 @@ case "${1:-}" in
     end=$((SECONDS + ${2:-540}))
     while [ $SECONDS -lt "$end" ] && ! grep -q DONE "$L/status" 2>/dev/null; do sleep 5; done
     cat "$L/status"; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
-    tar czf "$OUT/lease.tgz" -C "$L" out status pipeline.log && ls -la "$OUT" ;;
+    tar czf "$OUT/lease.tgz" -C "$L" out status pipeline.log
+    drafts=$(cd "$HOME" && ls -d draft-smol-final draft-smol-full draft-smol-nofeature 2>/dev/null)
+    [ -z "$drafts" ] || tar czf "$OUT/drafts.tgz" -C "$HOME" $drafts
+    ls -la "$OUT" ;;
   *)
     echo "usage: bash benchmarks/lease_h200.sh launch | sync | wait SECS" >&2; exit 2 ;;
 esac

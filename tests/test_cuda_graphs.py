@@ -34,6 +34,23 @@ def test_graphs_match_plain_greedy_fp32(family, widths, small_tail):
     assert engine.cuda_graphs and len(engine._graphs) >= 4  # several buckets captured, and replayed since
 
 
+@pytest.mark.parametrize("processor", [False, True], ids=["on_device_acceptance", "host_acceptance"])
+def test_feature_draft_graphs_match_plain_greedy(family, processor, small_tail):
+    """A draft reading the target's hidden state (`target_hidden_input`), with the retrieval branch: the state lives
+    in graph buffers (written by the acceptance graph, or copied after host acceptance with a logits processor)."""
+    target = make_target(family).cuda()
+    draft = LongSpecDraft.from_target(target, target_hidden_input=True).cuda()
+    with torch.no_grad():
+        draft.block.hidden_proj.weight.normal_(0.0, 0.5)
+    extra = {"repetition_penalty": 1.2} if processor else {}
+    for seed, length in [(2, 300), (0, 5)]:
+        ids = _prompt(seed, length).repeat(1, 2)
+        plain = target.generate(ids, do_sample=False, max_new_tokens=64, **extra)
+        spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=64, **extra)
+        assert torch.equal(plain, spec), (family, processor, seed)
+    assert len(draft.__dict__["_static_step"]._graphs) >= 4
+
+
 def test_graph_replay_equals_eager_static_bf16(small_tail, monkeypatch):
     """Same kernels, same static layout: replayed graphs give bit-identical tokens to running the code eagerly."""
     target = make_target("qwen2", hidden_size=128, num_attention_heads=4, intermediate_size=256).cuda().bfloat16()
@@ -43,8 +60,9 @@ def test_graph_replay_equals_eager_static_bf16(small_tail, monkeypatch):
     stats = draft.last_generation_stats
     assert stats.draft_s > 0 and stats.verify_s > 0
 
-    def without_graphs(target, draft, widths, capacity, compile):
-        return static_step.StaticTreeStep(target, draft, widths, capacity, cuda_graphs=False, compile=compile)
+    def without_graphs(target, draft, widths, retrieval_tokens, capacity, compile):
+        return static_step.StaticTreeStep(target, draft, widths, capacity, cuda_graphs=False, compile=compile,
+                                          retrieval_tokens=retrieval_tokens)
 
     monkeypatch.setattr(generation_module, "_static_engine", without_graphs)
     eager = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=96)

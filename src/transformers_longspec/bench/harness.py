@@ -2,12 +2,12 @@
 
 A method is a row of `METHODS` (name → `Method`: how to call `target.generate`, or a loop of its own such as
 `plain_graph`); `--variant` adds more without code. For every prompt the reference `sdpa` (vanilla `generate`) runs
-first, then each other method; per method × prompt the harness records decode tokens/s with the prefill excluded, τ,
-LongSpec's draft / verify / other seconds per step, peak GPU memory and the prefill time. Greedy outputs are
-compared token by token with `sdpa`; at a first divergence the target's top-2 logit gap (plain forward over the
-common prefix) tells a numerical near-tie (bf16 rounding flips the winner) from a real error. Aggregates per method
-and length bucket: median decode tokens/s, median τ and the median per-prompt speed-up over every baseline method
-measured in the same run.
+first (without it, the first method listed is the reference), then each other method; per method × prompt the harness
+records decode tokens/s with the prefill excluded, τ, LongSpec's draft / verify / other seconds per step, peak GPU
+memory and the prefill time. Greedy outputs are compared token by token with the reference; at a first divergence the
+target's top-2 logit gap (plain forward over the common prefix) tells a numerical near-tie (bf16 rounding flips the
+winner) from a real error. Aggregates per method and length bucket: median decode tokens/s, median τ and the median
+per-prompt speed-up over every baseline method measured in the same run.
 
 Decode clock (same for every method): decode_tok_s = (new_tokens − 1) / (T(N) − T(1)), where T(k) is the wall time
 of `generate(..., max_new_tokens=k)` on the same prompt with the device synchronised before and after; the prefill
@@ -50,7 +50,8 @@ class BenchConfig:
     """What to run.
 
     Attributes:
-        methods: method names (from `METHODS` or `variants`); `sdpa` is the exactness reference and runs first.
+        methods: method names (from `METHODS` or `variants`); `sdpa` is the exactness reference and runs first
+            (without it, the first greedy method listed, e.g. `plain_graph`).
         temperatures: sampling temperatures; each sampling method runs once per temperature.
         max_new_tokens: tokens to generate per call (N of the decode clock).
         seed: `torch.manual_seed` before every generate call.
@@ -87,9 +88,10 @@ class BenchRow:
         draft_s_per_step, verify_s_per_step, other_s_per_step: LongSpec phases per step (`LongSpecStats`).
         longspec_decode_tok_s: LongSpec's own clock (`LongSpecStats.decode_tokens_per_s`), a cross-check.
         peak_memory_bytes: `torch.cuda.max_memory_allocated` during the timed call (CUDA only).
-        identical: greedy output equals `sdpa`'s (None: not compared). first_divergence: new-token index.
-        top2_gap: target's top-1 − top-2 logit at that step (plain forward on `sdpa`'s prefix). near_tie:
-            top2_gap ≤ `near_tie_gap`. divergence_tokens: [sdpa's token, this method's token] (None past an end).
+        identical: greedy output equals the reference's (`sdpa`, else the first method; None: not compared).
+        first_divergence: new-token index. top2_gap: target's top-1 − top-2 logit at that step (plain forward on
+            the reference's prefix). near_tie: top2_gap ≤ `near_tie_gap`. divergence_tokens: [the reference's token,
+            this method's token] (None past an end).
         skipped, error: why the method did not run on this prompt.
     """
 
@@ -161,7 +163,9 @@ def _expand_runs(config: BenchConfig, models: BenchModels) -> tuple[list[_Run], 
             raise ValueError(f"method {name} samples: give --temperatures, e.g. 1.0,0.7")
         temps = config.temperatures if method.sampling else (None,)
         runs += [_Run(name if t is None else f"{name}@{t:g}", name, method, t) for t in temps]
-    if REFERENCE not in names:
+    if REFERENCE not in names and runs and not runs[0].method.sampling:
+        notes.append(f"no {REFERENCE} run: greedy outputs are compared with {runs[0].name}'s")
+    elif REFERENCE not in names:
         notes.append(f"no {REFERENCE} run: greedy outputs are not compared")
     return runs, notes
 
@@ -288,7 +292,7 @@ def _warm_up(models: BenchModels, runs: list[_Run], prompt: Prompt, config: Benc
 
 def run_bench(models: BenchModels, prompts: list[Prompt], config: BenchConfig,
               on_row: Callable[[BenchRow], None] | None = None) -> tuple[list[BenchRow], list[str]]:
-    """Run every method of `config` on every prompt (prompt by prompt, `sdpa` first) and compare greedy outputs.
+    """Run every method of `config` on every prompt (prompt by prompt, the reference first) and compare greedy outputs.
 
     Args:
         models: target (+ draft, assistant). prompts: see `load_prompts`. config: see `BenchConfig`.
@@ -304,6 +308,7 @@ def run_bench(models: BenchModels, prompts: list[Prompt], config: BenchConfig,
     if config.warmup and prompts:
         _warm_up(models, runs, prompts[0], config)
     rows, start = [], time.perf_counter()
+    reference_run = runs[0].name if runs and not runs[0].method.sampling else None
     for done, prompt in enumerate(prompts):
         if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
             notes.append(f"stopped after {done} of {len(prompts)} prompts (max_seconds={config.max_seconds})")
@@ -313,7 +318,7 @@ def run_bench(models: BenchModels, prompts: list[Prompt], config: BenchConfig,
             print(f"bench: prompt {done + 1}/{len(prompts)} ({prompt.id}, {prompt.ids.shape[1]} tokens): {run.name}",
                   file=sys.stderr, flush=True)
             row, output = _measure(models, prompt, run, config)
-            if run.name == REFERENCE:
+            if run.name == reference_run:
                 reference = output
             elif output is not None and reference is not None and not run.method.sampling:
                 _compare(row, models.target, reference, output, config)

@@ -1,11 +1,11 @@
 """Benchmark report: aggregates per method and length bucket, the JSON file, a markdown table and PNG plots.
 
-Aggregates (per method label × bucket, and over all buckets as bucket "all"): median decode tokens/s, median τ,
-median peak memory, exactness counts of greedy methods against `sdpa`, and for every baseline method measured in
-the same run (same temperature) the median over prompts of the per-prompt ratio decode_tok_s(method) /
-decode_tok_s(baseline) — ratios are taken prompt by prompt, never across runs. For LongSpec methods, the step
-breakdown: median draft / verify / other ms per step, the plain loop's (`plain_graph`) ms per token on the same
-prompts, and the predicted ratio τ × (plain token ms) / (step ms), to read beside the measured ratio over
+Aggregates (per method label × bucket, and over all buckets as bucket "all"): median decode tokens/s, median τ, median
+peak memory, exactness counts of greedy methods against the reference (`sdpa`, else the first method), and for every
+baseline method measured in the same run (same temperature) the median over prompts of the per-prompt ratio
+decode_tok_s(method) / decode_tok_s(baseline) — ratios are taken prompt by prompt, never across runs. For LongSpec
+methods, the step breakdown: median draft / verify / other ms per step, the plain loop's (`plain_graph`) ms per token
+on the same prompts, and the predicted ratio τ × (plain token ms) / (step ms), to read beside the measured ratio over
 `plain_graph` (`speedup_over`).
 
 Reference: STYLE.md B19 (side by side in one process, ratio + τ reported); LongSpec (arXiv 2502.17421) §5.
