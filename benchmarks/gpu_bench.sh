@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu_bench.sh greedy-retrieval  # LongSpec with / without retrieval, retrieval alone, plain baselines
 #   bash benchmarks/gpu_bench.sh sample    # longspec bench, sampling at T = 1.0 and 0.7 (~7 min)
 # greedy/sample convert first if `convert` has not run on this machine (leaving fewer seconds for prompts).
-# Overrides: DRAFT (LongSpec draft folder; none = untrained draft, tau ~ 1), NEW (new tokens, 128), DATASETS, BUCKETS,
+# Overrides: DRAFT (LongSpec draft folder; none = untrained draft, tau ~ 1), NEW (new tokens, 128), DTYPE (bf16), DATASETS, BUCKETS,
 # PER_BUCKET, MAX_S (start no new prompt after this many seconds of benchmarking; default 420 minus the seconds already
 # spent, so that a run ends within the 10-minute limit), LONGSPEC_COMMIT (written into the JSON).
 # The package is not pip-installed there (no network): it is assembled under $PKG (default /tmp/pkg-bench) from the
@@ -19,7 +19,7 @@ bash benchmarks/assemble_package.sh "$PKG"
 export PYTHONPATH=$PKG:$HOME/stage/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true LONGSPEC_EVAL_DIR=$PWD/.evaldata
 TARGET=$HOME/stage/qwen2.5-coder-1.5b-instruct
 ASSISTANT=$HOME/stage/qwen2.5-coder-0.5b-instruct
-nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; fi
 
 to_hf() {  # de-quantise a staged GGUF once into a bf16 HF folder beside it (a GGUF-loaded model refuses
   [ -f "$1/config.json" ] && return  # save_pretrained, so its weights go into a plain model of the same config)
@@ -39,7 +39,7 @@ bench() {
   convert
   local budget=$(( SECONDS < 360 ? 420 - SECONDS : 60 ))
   python3 -m transformers_longspec.cli bench --target "$TARGET" ${DRAFT:+--draft "$DRAFT"} \
-    $([ -f "$ASSISTANT/config.json" ] && echo --assistant "$ASSISTANT") --dtype bf16 --max-new-tokens "${NEW:-128}" \
+    $([ -f "$ASSISTANT/config.json" ] && echo --assistant "$ASSISTANT") --dtype "${DTYPE:-bf16}" --max-new-tokens "${NEW:-128}" \
     --per-bucket "${PER_BUCKET:-1}" --max-seconds "${MAX_S:-$budget}" --out "$OUT" "$@" 2>&1 | grep -v "it/s\]$" \
     | tee "$OUT/bench.log"
 }

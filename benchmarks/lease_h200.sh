@@ -37,7 +37,8 @@ phase() {  # phase NAME SECONDS COMMAND...: run COMMAND (killed after SECONDS) w
   mkdir -p "$L/out/$name"
   echo "$(date +%T) start $name" >> "$L/status"
   (cd "$L/repo" && OUT=$L/out/$name timeout "$limit" "$@") > "$L/out/$name/phase.log" 2>&1
-  echo "$(date +%T) end $name rc=$?" >> "$L/status"
+  local rc=$?  # 124: killed at the limit (timeout signals the phase's whole process group)
+  echo "$(date +%T) end $name rc=$rc" >> "$L/status"
 }
 
 pkg() {  # pkg DIR: the package assembled under DIR, on PYTHONPATH with the staged gguf reader
@@ -52,14 +53,16 @@ dry() {  # dry SMALL LARGE: SMALL in a dry run, else LARGE
 # data.mix settings of every Qwen run: the corpus rows and chat answers the data and chat phases made
 qwen_mix() {
   echo "{\"rows_cache\": \"$HOME/rows-qwen15.pt\", \"chat_cache\": \"$HOME/chat-cache-qwen15.jsonl\", $CHAT_MIX$(dry \
-    ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')$1}"
+    ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
 }
 smol_mix() {
   echo "{\"rows_cache\": \"$HOME/rows-smollm2.pt\", \"chat_cache\": \"$HOME/chat-cache-smollm2.jsonl\"$(dry \
-    ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')$1}"
+    ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
 }
-set_mix() {  # set_mix JSON: the --set-mix arguments of a JSON object
-  python3 -c 'import json, sys; [print(f"--set-mix={k}={json.dumps(v)}") for k, v in json.loads(sys.argv[1]).items()]' "$1"
+set_mix() {  # set_mix JSON: the --set-mix arguments of a JSON object, one per line (compact JSON: no spaces)
+  python3 -c 'import json, sys
+for k, v in json.loads(sys.argv[1]).items():
+    print("--set-mix=" + k + "=" + json.dumps(v, separators=(",", ":")))' "$1"
 }
 
 case "${1:-}" in
@@ -85,7 +88,7 @@ case "${1:-}" in
     [ -f "$draft/config.json" ] || draft=  # no trained draft (training failed or ran out of time): an untrained one
     phase tau "$(( ${TAU_S:-200} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
     wait "$smol_pid"
-    phase bench "$(( ${BENCH_S:-220} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
+    phase bench "$(( ${BENCH_S:-240} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
   data)  # both corpus scans at once (CPU only: they need just the tokenizers, read from the GGUFs)
     pkg /tmp/pkg-data
@@ -110,42 +113,44 @@ case "${1:-}" in
   train)
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
       MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \
-      TRAIN_EXTRA="--max-steps ${STEPS:-1500} --max-minutes $(dry 1 "${TRAIN_MIN:-8}")" bash benchmarks/gpu_train_mix.sh ;;
+      TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-1500}") --max-minutes $(dry 1 "${TRAIN_MIN:-8}")" \
+      bash benchmarks/gpu_train_mix.sh ;;
   tau)  # the Qwen draft ($2; none: an untrained one) on held-out and public documents
     pkg /tmp/pkg-tau
     python3 benchmarks/tau_matrix.py --target "$HOME/qwen15" ${2:+--draft "$2"} --dtype "$(dry float32 bfloat16)" \
       --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 8192,16384,30000)" --per-bucket \
       "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" --max-seconds "$(dry 60 "${TAU_S:-200}")" --out "$OUT/tau_matrix.json" ;;
   bench)  # every greedy method in one process (no other GPU work meanwhile)
-    OUT=$OUT DRAFT=${2:-} NEW=$(dry 16 256) MAX_S=$(dry 60 "${BENCH_S:-220}") PKG=/tmp/pkg-bench \
-      DATASETS="${BENCH_DATASETS:-heldout,code_completion,summarization}" BUCKETS=$(dry 2048 8192,30000) \
-      METHODS=${BENCH_METHODS:-plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain,sdpa} \
+    OUT=$OUT DRAFT=${2:-} NEW=$(dry 16 256) MAX_S=$(dry 60 "${BENCH_S:-240}") PKG=/tmp/pkg-bench DTYPE=$(dry fp32 bf16) \
+      DATASETS="${BENCH_DATASETS:-heldout,code_completion,summarization}" BUCKETS=$(dry 2048 8192,16384,30000) \
+      METHODS=${BENCH_METHODS:-plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain} \
       bash benchmarks/gpu_bench.sh greedy-retrieval ;;
-  smol)  # SmolLM2 drafts from the same builder: the levers at equal budget, then the bundled draft's successor
+  smol)  # SmolLM2 drafts from the same builder: the bundled draft's successor (`final`) in one lane, beside it the
+         # levers at equal budget (SMOL_STEPS steps each, one lever changed), each followed by its tau
     pkg /tmp/pkg-smol
-    smol_tau() {  # smol_tau DRAFT_FOLDER NAME
-      python3 benchmarks/tau_matrix.py --target "$HOME/smollm2" --draft "$1" --dtype float32 \
-        --datasets heldout:4,code_completion,summarization --buckets 2048,4096 --per-bucket 1 \
-        --max-new-tokens "$(dry 16 128)" --configs tree,chain --max-seconds "$(dry 30 60)" --out "$OUT/tau_smol_$2.json" \
-        || true
-    }
-    smol_tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
-    for v in ${SMOL_VARIANTS:-full nofeature nochat nolong nosoft noinit} final; do
-      draft_set=$DRAFT_SET mix_set="" extra="" minutes=${SMOL_MIN:-1}
-      case $v in
-        nofeature) draft_set='{"target_hidden_input": false}' ;;
-        noinit) draft_set="${DRAFT_SET%\}}, \"init_from_target\": false}" ;;
-        nochat) mix_set=', "chat_prompts": 0' ;;
-        nolong) mix_set=', "long_rows": 0' ;;
-        nosoft) extra="--set soft_labels_topk=0" ;;
-        final) minutes=${SMOL_FINAL_MIN:-4} ;;
-      esac
-      OUT=$OUT/$v DRAFT=$HOME/draft-smol-$v RECIPE=$SMOL_RECIPE TARGET=$HOME/smollm2 PKG=/tmp/pkg-smol-train \
-        CHAT_CACHE=$HOME/chat-cache-smollm2.jsonl DRAFT_SET="$draft_set" MIX_SET="$(smol_mix "$mix_set")" DRY_RUN=$DRY \
-        TRAIN_EXTRA="$extra --max-steps $(( minutes * ${SMOL_STEPS_PER_MIN:-700} )) --max-minutes $minutes" \
-        bash benchmarks/gpu_train_mix.sh || continue
-      smol_tau "$HOME/draft-smol-$v" "$v"
-    done ;;
+    bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
+    bash benchmarks/lease_h200.sh smol-train final &
+    for v in ${SMOL_VARIANTS:-full nofeature nochat nolong nosoft noinit}; do bash benchmarks/lease_h200.sh smol-train "$v"; done
+    wait ;;
+  smol-train)  # smol-train VARIANT: one SmolLM2 draft into ~/draft-smol-VARIANT, then its tau
+    draft_set=$DRAFT_SET mix_set="" extra="" steps=${SMOL_STEPS:-600} minutes=${SMOL_MIN:-2}
+    case $2 in
+      nofeature) draft_set='{"target_hidden_input": false}' ;;
+      noinit) draft_set="${DRAFT_SET%\}}, \"init_from_target\": false}" ;;
+      nochat) mix_set=', "chat_prompts": 0' ;;
+      nolong) mix_set=', "long_rows": 0' ;;
+      nosoft) extra="--set soft_labels_topk=0" ;;
+      final) steps=${SMOL_FINAL_STEPS:-2400} minutes=${SMOL_FINAL_MIN:-5} ;;
+    esac
+    OUT=$OUT/$2 DRAFT=$HOME/draft-smol-$2 RECIPE=$SMOL_RECIPE TARGET=$HOME/smollm2 PKG=/tmp/pkg-smol-$2 \
+      CHAT_CACHE=$HOME/chat-cache-smollm2.jsonl DRAFT_SET="$draft_set" MIX_SET="$(smol_mix "$mix_set")" DRY_RUN=$DRY \
+      TRAIN_EXTRA="$extra --max-steps $(dry 4 "$steps") --max-minutes $(dry 1 "$minutes")" \
+      bash benchmarks/gpu_train_mix.sh && bash benchmarks/lease_h200.sh smol-tau "$HOME/draft-smol-$2" "$2" ;;
+  smol-tau)  # smol-tau DRAFT_FOLDER NAME: tau of a SmolLM2 draft in fp32 (tree / chain), 2k and 4k prompts
+    pkg "/tmp/pkg-smol-tau-$3"
+    python3 benchmarks/tau_matrix.py --target "$HOME/smollm2" --draft "$2" --dtype float32 \
+      --datasets heldout:4,code_completion,summarization --buckets 2048,4096 --per-bucket 1 \
+      --max-new-tokens "$(dry 16 128)" --configs tree,chain --max-seconds "$(dry 30 50)" --out "$OUT/tau_smol_$3.json" ;;
   sync)
     cp -r src trainers kernels benchmarks "$L/repo"/ && echo "synced into $L/repo" ;;
   wait)

@@ -12,7 +12,8 @@ depend on them), so each builds its static engine once; the decode tok/s recorde
         --datasets code_completion,summarization,heldout --buckets 8192,16384,30000 --per-bucket 2 \
         --max-new-tokens 256 --out tau_matrix.json
 
-Output: JSON {"meta", "rows"} and a markdown table (median τ per dataset × bucket × configuration) beside it.
+Output: JSON {"meta", "rows"} (rewritten after every run, so a run stopped at a time limit keeps its rows) and a
+markdown table (median τ per dataset × bucket × configuration) beside it.
 """
 
 from __future__ import annotations
@@ -100,6 +101,9 @@ def main() -> None:
                       "prompt_tokens": ids.shape[1]}
             prompts.append((record, ids))
     prompts.sort(key=lambda p: -p[1].shape[1])  # the longest first: one engine per configuration serves them all
+    meta = {"commit": os.environ.get("LONGSPEC_COMMIT", "unknown"), "device": torch.cuda.get_device_name()
+            if device == "cuda" else platform.processor(), "target": args.target, "draft": args.draft,
+            "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "configs": {c: CONFIGS[c] for c in configs}}
     outputs = {}
     for name in configs:  # configuration outermost: its static engine is built once
         kwargs = {**CONFIGS[name], "longspec_compile": False}  # τ does not depend on compiled regions
@@ -112,10 +116,9 @@ def main() -> None:
             record[name]["same_as_first"] = bool(torch.equal(out, first))
             print(json.dumps({"config": name, **{k: v for k, v in record.items() if not isinstance(v, dict)},
                               "tau": round(record[name]["tau"], 3)}), flush=True)
+            # rewritten after every run: a run stopped at its time limit keeps what it measured
+            Path(args.out).write_text(json.dumps({"meta": meta, "rows": [r for r, _ in prompts]}, indent=1))
     rows = [record for record, _ in prompts]
-    meta = {"commit": os.environ.get("LONGSPEC_COMMIT", "unknown"), "device": torch.cuda.get_device_name()
-            if device == "cuda" else platform.processor(), "target": args.target, "draft": args.draft,
-            "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "configs": {c: CONFIGS[c] for c in configs}}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     table = markdown(rows, configs)
     Path(args.out).with_suffix(".md").write_text(table + "\n")
