@@ -11,8 +11,8 @@
 #            rows_cache): code of several languages + prose of the machine's packages and docs, long rows
 #   convert  GGUFs -> ~/qwen15 (bf16) and ~/smollm2 (fp32)                                             ~2 min
 #   gputests (beside chat) CUDA graphs, compiled step, feature drafts, retrieval, plain loop, 1,000-call long run
-#   chat     the Qwen target's own chat answers over corpus documents (`longspec data --chat`)        ~2.5 min
-#   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps)  ~8 min
+#   chat     the Qwen target's own chat answers over corpus documents (`longspec data --chat`)        ~2 min
+#   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps)  ~7 min
 #   smol     (beside train and tau) SmolLM2 drafts at equal budget, one lever changed each (SMOL_VARIANTS), their
 #            tau in fp32 (tree / chain) beside the bundled draft's, then the bundled draft's successor
 #            (SMOL_FINAL_MIN minutes)
@@ -29,7 +29,7 @@ SMOL_GGUF=$HOME/stage/smollm2-135m-instruct.gguf
 RECIPE=${RECIPE:-qwen2.5-coder-1.5b-mix}
 SMOL_RECIPE=${SMOL_RECIPE:-smollm2-mix}
 DRAFT_SET=${DRAFT_SET:-'{"target_hidden_input": true}'}
-CHAT_MIX=${CHAT_MIX:-'"chat_prompts": 256, "chat_batch_size": 128'}
+QWEN_MIX=${QWEN_MIX:-'"short_rows": 24000, "chat_prompts": 256, "chat_batch_size": 128'}  # over the recipe's data.mix
 
 phase() {  # phase NAME SECONDS COMMAND...: run COMMAND (killed after SECONDS) with OUT=$L/out/NAME, log the outcome
   local name=$1 limit=$2
@@ -52,7 +52,7 @@ dry() {  # dry SMALL LARGE: SMALL in a dry run, else LARGE
 
 # data.mix settings of every Qwen run: the corpus rows and chat answers the data and chat phases made
 qwen_mix() {
-  echo "{\"rows_cache\": \"$HOME/rows-qwen15.pt\", \"chat_cache\": \"$HOME/chat-cache-qwen15.jsonl\", $CHAT_MIX$(dry \
+  echo "{\"rows_cache\": \"$HOME/rows-qwen15.pt\", \"chat_cache\": \"$HOME/chat-cache-qwen15.jsonl\", $QWEN_MIX$(dry \
     ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
 }
 smol_mix() {
@@ -81,14 +81,15 @@ case "${1:-}" in
     tests_pid=$!
     wait "$data_pid"
     phase chat "$(dry 240 200)" bash benchmarks/lease_h200.sh chat
-    if [ -f "$HOME/smollm2/config.json" ]; then phase smol "${SMOL_S:-$(dry 900 840)}" bash benchmarks/lease_h200.sh smol & fi
+    # ends with the tau phase at the latest (a variant not done by then is left out): the bench runs alone
+    if [ -f "$HOME/smollm2/config.json" ]; then phase smol "${SMOL_S:-$(dry 900 690)}" bash benchmarks/lease_h200.sh smol & fi
     smol_pid=$!
     wait "$tests_pid"
-    phase train "$(( ${TRAIN_MIN:-8} * 60 + 120 ))" bash benchmarks/lease_h200.sh train
+    phase train "$(( ${TRAIN_MIN:-7} * 60 + 120 ))" bash benchmarks/lease_h200.sh train
     [ -f "$draft/config.json" ] || draft=  # no trained draft (training failed or ran out of time): an untrained one
-    phase tau "$(( ${TAU_S:-200} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
+    phase tau "$(( ${TAU_S:-160} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
     wait "$smol_pid"
-    phase bench "$(( ${BENCH_S:-240} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
+    phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
   data)  # both corpus scans at once (CPU only: they need just the tokenizers, read from the GGUFs)
     pkg /tmp/pkg-data
@@ -109,20 +110,20 @@ case "${1:-}" in
     pkg /tmp/pkg-chat
     # shellcheck disable=SC2046
     python3 -m transformers_longspec.cli data --chat --recipe "$RECIPE" --target "$HOME/qwen15" \
-      $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 150)")") ;;
+      $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 110)")") ;;
   train)
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
       MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \
-      TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-1500}") --max-minutes $(dry 1 "${TRAIN_MIN:-8}")" \
+      TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-1350}") --max-minutes $(dry 1 "${TRAIN_MIN:-7}")" \
       bash benchmarks/gpu_train_mix.sh ;;
   tau)  # the Qwen draft ($2; none: an untrained one) on held-out and public documents
     pkg /tmp/pkg-tau
     python3 benchmarks/tau_matrix.py --target "$HOME/qwen15" ${2:+--draft "$2"} --dtype "$(dry float32 bfloat16)" \
       --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 8192,16384,30000)" --per-bucket \
-      "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" --max-seconds "$(dry 60 "${TAU_S:-200}")" --out "$OUT/tau_matrix.json" ;;
+      "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" --max-seconds "$(dry 60 "${TAU_S:-160}")" --out "$OUT/tau_matrix.json" ;;
   bench)  # every greedy method in one process (no other GPU work meanwhile)
-    OUT=$OUT DRAFT=${2:-} NEW=$(dry 16 256) MAX_S=$(dry 60 "${BENCH_S:-240}") PKG=/tmp/pkg-bench DTYPE=$(dry fp32 bf16) \
-      DATASETS="${BENCH_DATASETS:-heldout,code_completion,summarization}" BUCKETS=$(dry 2048 8192,16384,30000) \
+    OUT=$OUT DRAFT=${2:-} NEW=$(dry 16 256) MAX_S=$(dry 60 "${BENCH_S:-180}") PKG=/tmp/pkg-bench DTYPE=$(dry fp32 bf16) \
+      DATASETS="${BENCH_DATASETS:-heldout,code_completion,summarization}" BUCKETS=$(dry 2048 8192,30000) \
       METHODS=${BENCH_METHODS:-plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain} \
       bash benchmarks/gpu_bench.sh greedy-retrieval ;;
   smol)  # SmolLM2 drafts from the same builder: the bundled draft's successor (`final`) in one lane, beside it the
@@ -130,7 +131,9 @@ case "${1:-}" in
     pkg /tmp/pkg-smol
     bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
     bash benchmarks/lease_h200.sh smol-train final &
-    for v in ${SMOL_VARIANTS:-full nofeature nochat nolong nosoft noinit}; do bash benchmarks/lease_h200.sh smol-train "$v"; done
+    for v in ${SMOL_VARIANTS:-full nofeature nochat nolong nosoft noinit python}; do
+      bash benchmarks/lease_h200.sh smol-train "$v"
+    done
     wait ;;
   smol-train)  # smol-train VARIANT: one SmolLM2 draft into ~/draft-smol-VARIANT, then its tau
     draft_set=$DRAFT_SET mix_set="" extra="" steps=${SMOL_STEPS:-600} minutes=${SMOL_MIN:-2}
@@ -140,6 +143,7 @@ case "${1:-}" in
       nochat) mix_set=', "chat_prompts": 0' ;;
       nolong) mix_set=', "long_rows": 0' ;;
       nosoft) extra="--set soft_labels_topk=0" ;;
+      python) mix_set=', "kinds": {"python": 1.0}, "rows_cache": null' ;;  # the data mix: Python sources only
       final) steps=${SMOL_FINAL_STEPS:-2400} minutes=${SMOL_FINAL_MIN:-5} ;;
     esac
     OUT=$OUT/$2 DRAFT=$HOME/draft-smol-$2 RECIPE=$SMOL_RECIPE TARGET=$HOME/smollm2 PKG=/tmp/pkg-smol-$2 \
