@@ -87,7 +87,7 @@ case "${1:-}" in
     wait "$tests_pid"
     phase train "$(( ${TRAIN_MIN:-7} * 60 + 120 ))" bash benchmarks/lease_h200.sh train
     [ -f "$draft/config.json" ] || draft=  # no trained draft (training failed or ran out of time): an untrained one
-    phase tau "$(( ${TAU_S:-160} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
+    [ "${TAU_S:-160}" = 0 ] || phase tau "$(( ${TAU_S:-160} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
     wait "$smol_pid"
     phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
@@ -110,7 +110,7 @@ case "${1:-}" in
     pkg /tmp/pkg-chat
     # shellcheck disable=SC2046
     python3 -m transformers_longspec.cli data --chat --recipe "$RECIPE" --target "$HOME/qwen15" \
-      $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 110)")") ;;
+      $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-110}")")") ;;
   train)
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
       MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \
