@@ -91,6 +91,34 @@ case "${1:-}" in
     wait "$smol_pid"
     phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
+  pipeline-smol)  # SmolLM2 alone (a lease too short for staging the Qwen target): GPU tests, drafts, bench
+    export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown} DRY
+    phase gputests 300 bash benchmarks/lease_h200.sh gputests &
+    tests_pid=$!
+    phase data-smol 300 bash benchmarks/lease_h200.sh data-smol &
+    data_pid=$!
+    phase convert-smol 300 bash benchmarks/lease_h200.sh convert-smol
+    wait "$data_pid"
+    phase smol "${SMOL_S:-420}" bash benchmarks/lease_h200.sh smol
+    wait "$tests_pid"
+    phase bench-smol 240 bash benchmarks/lease_h200.sh bench-smol
+    echo "$(date +%T) DONE" >> "$L/status" ;;
+  data-smol)
+    pkg /tmp/pkg-data
+    # shellcheck disable=SC2046
+    python3 -m transformers_longspec.cli data --recipe "$SMOL_RECIPE" --target "$SMOL_GGUF" $(set_mix "$(smol_mix)") ;;
+  convert-smol)
+    pkg /tmp/pkg-convert
+    python3 benchmarks/gguf_to_hf.py "$SMOL_GGUF" "$HOME/smollm2" --dtype float32 ;;
+  bench-smol)  # every greedy method on SmolLM2 with the new bundled-draft candidate, 2k / 4k prompts, bf16
+    pkg /tmp/pkg-bench-smol
+    python3 -m transformers_longspec.cli bench --target "$HOME/smollm2" --draft "$HOME/draft-smol-final" --dtype bf16 \
+      --methods plain_graph,longspec,longspec_noretr,retrieval_only,engine_plain \
+      --variant 'longspec_noretr=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 0}' \
+      --variant 'retrieval_only=longspec:{"longspec_beam_widths": [], "longspec_retrieval": 10}' \
+      --variant 'engine_plain=longspec:{"longspec_beam_widths": [], "longspec_retrieval": 0}' \
+      --datasets heldout,code_completion,summarization --buckets 2048,4096 --per-bucket 1 --max-new-tokens 256 \
+      --max-seconds 150 --out "$OUT" 2>&1 | grep -v "it/s\]$" ;;
   data)  # both corpus scans at once (CPU only: they need just the tokenizers, read from the GGUFs)
     pkg /tmp/pkg-data
     # shellcheck disable=SC2046  # set_mix prints one argument per line
