@@ -69,7 +69,7 @@ case "${1:-}" in
   launch)
     rm -rf "$L" && mkdir -p "$L/out" "$L/repo"
     tar --exclude=./.stage --exclude=./.s135 --exclude=./.git --exclude=./.venv -cf - . | tar -xf - -C "$L/repo"
-    setsid nohup bash "$L/repo/benchmarks/lease_h200.sh" pipeline > "$L/pipeline.log" 2>&1 < /dev/null &
+    setsid nohup bash "$L/repo/benchmarks/lease_h200.sh" "${PIPELINE:-pipeline}" > "$L/pipeline.log" 2>&1 < /dev/null &
     sleep 2 && cat "$L/status" 2>/dev/null; echo launched ;;
   pipeline)  # phase limits keep the whole lease inside its device time
     export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown} DRY
