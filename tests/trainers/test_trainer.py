@@ -203,3 +203,31 @@ def test_time_budget_ends_training_at_the_first_step_past_it(tmp_path):
     for bad in (0, -1.0, "10", True):
         with pytest.raises(ValueError, match="positive number of seconds"):
             TimeBudgetCallback(bad)
+
+
+def test_time_budget_anneals_the_schedule_by_the_clock(tmp_path):
+    """A run cut by its budget ends its cosine schedule anyway: the learning rate follows the clock when the steps
+    fall behind max_steps, and the step count when they keep pace."""
+    from transformers_longspec.trainers import TimeBudgetCallback
+
+    target = make_target("llama")
+    args = _args(tmp_path, max_steps=1000, lr_scheduler_type="cosine", logging_steps=1)
+    slow = TimeBudgetCallback(1e-9)  # the clock is at the budget's end after the first step
+    trainer = _trainer(target, args)
+    trainer.add_callback(slow)
+    trainer.train()
+    assert slow.stopped_at_step == 1 and slow.schedule_step(1) == 1000
+    assert trainer.lr_scheduler.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)  # the cosine's end
+    roomy = TimeBudgetCallback(3600)
+    trainer = _trainer(target, _args(tmp_path, max_steps=4, lr_scheduler_type="cosine"))
+    trainer.add_callback(roomy)
+    trainer.train()
+    assert roomy.stopped_at_step is None and roomy.schedule_step(2) == 2  # in steps: unchanged
+    plain = _trainer(target, _args(tmp_path, max_steps=4, lr_scheduler_type="cosine"))
+    plain.train()
+    assert trainer.lr_scheduler.get_last_lr() == plain.lr_scheduler.get_last_lr()
+    fixed = TimeBudgetCallback(1e-9, anneal=False)
+    trainer = _trainer(target, args)
+    trainer.add_callback(fixed)
+    trainer.train()
+    assert trainer.lr_scheduler.get_last_lr()[0] > 0.99 * 1e-2  # one step of 1,000 in steps: near the peak

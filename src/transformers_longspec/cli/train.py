@@ -56,7 +56,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None, metavar="N", help="override the recipe's max_steps")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
                    help="stop training after M minutes of steps (data building not counted) and save the draft "
-                   "as at max_steps; keep max_steps near what M allows, the learning-rate schedule spans it")
+                   "as at max_steps; the learning-rate schedule advances with the clock too (it ends when M does "
+                   "if the steps fall behind max_steps)")
     p.add_argument("--draft", default=None, metavar="FOLDER",
                    help="continue from this saved draft instead of building a new one from the target")
     p.add_argument("--lora", action="store_true", help="LoRA-adapt the --draft (needs peft) instead of full training")
