@@ -38,6 +38,7 @@ from transformers_longspec.bench import (
 )
 from transformers_longspec.cli.models import load_draft, load_target
 from transformers_longspec.demo import eval_prompt
+from transformers_longspec.retrieval import DEFAULT_RETRIEVAL_TOKENS
 
 EVAL_DIR = default_eval_dir()
 
@@ -160,8 +161,8 @@ def main() -> None:
                   flush=True)
     meta = {"commit": _commit(), "dtype": args.dtype, "device": torch.cuda.get_device_name() if args.device == "cuda"
             else platform.processor() or "cpu", "torch": torch.__version__, "max_new_tokens": args.max_new_tokens,
-            "tree": widths, "draft": args.draft, "near_tie_ulps": args.near_tie_ulps,
-            "total_s": time.perf_counter() - start}
+            "tree": widths, "retrieval": DEFAULT_RETRIEVAL_TOKENS, "draft": args.draft,
+            "near_tie_ulps": args.near_tie_ulps, "total_s": time.perf_counter() - start}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     print(f"eval_lossless: {len(rows)} rows in {meta['total_s']:.1f} s -> {args.out}", flush=True)
 

@@ -10,7 +10,7 @@
 #   train_mix.log          everything printed (the builder's `longspec data: {...}` line: rows per kind, files
 #                          skipped as evaluation material, chat generation seconds)
 #   train_mix.json         longspec_training.json (steps, losses, timings_s, log_history)
-#   recipe_used.json       the recipe as run (with the chat cache path and any MIX_SET / dry-run changes)
+#   recipe/NAME.json       the recipe as run, under its name (with the chat cache path, MIX_SET, dry-run changes)
 # The target's chat answers are cached in $CHAT_CACHE, so a second run in the same lease skips the generation.
 # Environment: OUT (required) PYTHON PKG TARGET DRAFT RECIPE CHAT_CACHE TRAIN_EXTRA (extra `longspec train`
 #   arguments, e.g. "--max-steps 800 --set soft_labels_weight=0") MIX_SET (JSON merged into data.mix, e.g.
@@ -37,8 +37,9 @@ main() {
   bash benchmarks/assemble_package.sh "$PKG"
   if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; fi
   # the recipe as run: chat cache, MIX_SET, and in a dry run a tiny mix
+  mkdir -p "$OUT/recipe"  # the recipe as run, under its own name (the training record names it)
   RECIPE="$RECIPE" CHAT_CACHE="$CHAT_CACHE" MIX_SET="$MIX_SET" DRAFT_SET="$DRAFT_SET" DRY_RUN="$DRY_RUN" \
-    "$PYTHON" - "$OUT/recipe_used.json" <<'PY'
+    "$PYTHON" - "$OUT/recipe/$(basename "$RECIPE" .json).json" <<'PY'
 import json, os, sys
 from transformers_longspec.trainers.recipes import RECIPE_DIR
 name = os.environ["RECIPE"]
@@ -60,7 +61,8 @@ PY
   if [ "$DRY_RUN" = 1 ]; then extra=(--max-steps "$DRY_STEPS" --device cpu --dtype fp32 --save-dtype fp32); fi
   local start=$SECONDS
   # shellcheck disable=SC2086  # TRAIN_EXTRA is a list of arguments
-  "$PYTHON" -m transformers_longspec.cli train --recipe "$OUT/recipe_used.json" --target "$TARGET" \
+  "$PYTHON" -m transformers_longspec.cli train --recipe "$OUT/recipe/$(basename "$RECIPE" .json).json" \
+    --target "$TARGET" \
     --output "$DRAFT" --save-dtype bf16 --set disable_tqdm=true --set report_to=none "${extra[@]}" $TRAIN_EXTRA
   cp "$DRAFT/longspec_training.json" "$OUT/train_mix.json"
   echo "[train_mix] done in $((SECONDS - start)) s: draft in $DRAFT, summary in $OUT/train_mix.json"

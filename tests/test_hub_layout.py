@@ -161,7 +161,7 @@ def test_bundled_draft_is_in_the_hub_layout(tmp_path):
         assert (DEFAULT_DRAFT_DIR / name).read_bytes() == (PACKAGE / name).read_bytes(), name
     card = ModelCard.load(DEFAULT_DRAFT_DIR / "README.md")
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert "Recipe `smollm2-gpu`" in card.text and "| code_completion | 6 |" in card.text
+    assert "Recipe `smollm2-mix`" in card.text and "| heldout |" in card.text
     draft = LongSpecDraft.from_pretrained(DEFAULT_DRAFT_DIR)
     regenerated = tmp_path / DEFAULT_DRAFT_DIR.name
     draft.save_pretrained(regenerated)

@@ -128,8 +128,9 @@ def _results_text(evaluation: dict | None, config) -> str:
                 "FOLDER/longspec_eval.json`, then save the draft again.")
     meta = evaluation.get("meta", {})
     tree = meta.get("tree") or list(config.beam_widths)
+    retrieval = f" + a retrieval branch of {meta['retrieval']} tokens" if meta.get("retrieval") else ""
     lines = [
-        f"{meta.get('device', 'unrecorded device')}, {meta.get('dtype', '?')}, greedy, tree {tree}, "
+        f"{meta.get('device', 'unrecorded device')}, {meta.get('dtype', '?')}, greedy, tree {tree}{retrieval}, "
         f"{meta.get('max_new_tokens', '?')} new tokens per prompt (torch {meta.get('torch', '?')}). τ = mean tokens "
         "emitted per target forward; identical = the output equals plain greedy decoding token for token.",
         "",
