@@ -300,3 +300,11 @@ def test_draft_of_another_family_with_equal_sizes_warns(pair):
 def test_invalid_draft_config(overrides, message):
     with pytest.raises(ValueError, match=message):
         LongSpecConfig(**{"hidden_size": 32, "num_attention_heads": 4, **overrides})
+
+
+def test_guidance_scale_one_is_no_guidance_and_decodes(pair):
+    """guidance_scale=1 is transformers' "no classifier-free guidance": LongSpec decodes as plain greedy does."""
+    target, draft = pair
+    plain = target.generate(IDS, max_new_tokens=6, do_sample=False, guidance_scale=1.0)
+    out = target.generate(IDS, assistant_model=draft, max_new_tokens=6, do_sample=False, guidance_scale=1.0)
+    assert torch.equal(out, plain) and draft.last_generation_stats.finished

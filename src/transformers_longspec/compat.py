@@ -193,7 +193,9 @@ def _extract_generation_mode_kwargs(self, custom_generate, kwargs, synced_gpus, 
         if kwargs.get("past_key_values") is not None:
             raise ValueError(f"LongSpec manages its own target cache; do not pass past_key_values (got "
                              f"{type(kwargs['past_key_values']).__name__}), or drop assistant_model")
-        _refuse_unhonoured({k: kwargs[k] for k in UNHONOURED_OPTIONS if kwargs.get(k) is not None})
+        # named on the call: refused unless it is None, or guidance_scale=1 (transformers' "no guidance" value)
+        _refuse_unhonoured({k: kwargs[k] for k in UNHONOURED_OPTIONS if kwargs.get(k) is not None
+                            and not (k == "guidance_scale" and kwargs[k] == 1)})
         extra = {k: kwargs.pop(k) for k in options}
     else:
         _refuse_longspec_options(assistant_model, options)
