@@ -20,7 +20,7 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging
 
-from transformers_longspec import LongSpecDraft, cache, demo, static_step
+from transformers_longspec import LongSpecDraft, cache, demo, generation, static_step
 from transformers_longspec.checkpoint import local_draft_folder
 
 from tiny_models import assert_next_call_is_fresh, make_target
@@ -87,6 +87,38 @@ def test_threads_with_two_drafts_on_one_target(pair):
     assert torch.equal(results[1][0], target.generate(_prompt(6, 8), **kwargs))
     assert other.last_generation_stats.beam_widths == (3,) and draft.last_generation_stats.beam_widths == (2, 2)
     assert_next_call_is_fresh(target, draft, IDS)
+
+
+def test_a_plain_forward_of_another_thread_inside_a_verification_is_not_read_as_the_drafts_feature(monkeypatch):
+    """A draft that reads the target's hidden state takes it from the target's LM-head input: a plain forward that
+    another thread runs on the same target at that moment must not be taken for it (it once was: IndexError, or a
+    silently wrong feature). Forced here: right after each LM-head call of the LongSpec thread, another thread runs
+    a plain forward and is joined; the features handed to the draft are those of an undisturbed call."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, beam_widths=[2, 2], target_hidden_input=True)
+    features, set_feature = [], generation.LongSpecCandidateGenerator.set_feature
+    monkeypatch.setattr(generation.LongSpecCandidateGenerator, "set_feature",
+                        lambda self, hidden: (features.append(hidden.clone()), set_feature(self, hidden)))
+    kwargs = dict(max_new_tokens=20, do_sample=False)
+    alone = target.generate(IDS, assistant_model=draft, **kwargs)
+    undisturbed, features[:] = list(features), []
+    caller, plain_calls = threading.get_ident(), []
+
+    def plain_forward_elsewhere(module, args, output):
+        if threading.get_ident() == caller:
+            worker = threading.Thread(target=lambda: plain_calls.append(target(_prompt(7, 3)).logits.shape))
+            worker.start()
+            worker.join()
+
+    handle = target.get_output_embeddings().register_forward_hook(plain_forward_elsewhere)
+    try:
+        disturbed = target.generate(IDS, assistant_model=draft, **kwargs)
+    finally:
+        handle.remove()
+    assert len(plain_calls) >= draft.last_generation_stats.target_forwards > 1
+    assert torch.equal(disturbed, alone) and torch.equal(alone, target.generate(IDS, **kwargs))
+    assert len(features) == len(undisturbed) > 1
+    assert all(torch.equal(a, b) for a, b in zip(features, undisturbed))
 
 
 class _Interrupting(BaseStreamer):

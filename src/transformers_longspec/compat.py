@@ -33,6 +33,7 @@ Reference: reference/transformers-integration.md §1, §2, §5.
 from __future__ import annotations
 
 import functools
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -120,7 +121,11 @@ def _finite_prefill_logits(target):
     A forward hook on the target's output embedding, removed after its first call (one host sync per `generate`)
     and on exit. Plain decoding would silently emit token 0 after every NaN; LongSpec says so instead.
     """
+    caller = threading.get_ident()
+
     def check(module, args, output):
+        if threading.get_ident() != caller:  # another thread's plain forward on the shared target
+            return
         handle.remove()
         if not bool(torch.isfinite(output).all()):
             raise ValueError(
@@ -141,8 +146,10 @@ def final_hidden_states(target, enabled: bool = True):
     (batch, positions whose logits were computed, hidden), e.g. (1, 1, hidden) after a prefill with
     `logits_to_keep=1`, (1, tree_size, hidden) after a verification. `enabled=False` yields an empty list.
 
-    A forward pre-hook on the target's output embedding (public torch API), removed on exit. Inside a captured CUDA
-    graph the hook runs once, at capture: `seen[0]` is then that graph's own buffer, rewritten by each replay.
+    A forward pre-hook on the target's output embedding (public torch API), removed on exit; it keeps only calls made
+    by the thread that entered the block (a plain `generate` of another thread on the same target is not seen).
+    Inside a captured CUDA graph the hook runs once, at capture: `seen[0]` is then that graph's own buffer, rewritten
+    by each replay.
     Reference: `torch.nn.Module.register_forward_pre_hook`; transformers `get_output_embeddings`.
     """
     seen: list[torch.Tensor] = []
@@ -150,8 +157,11 @@ def final_hidden_states(target, enabled: bool = True):
         yield seen
         return
 
+    caller = threading.get_ident()
+
     def keep(module, args):
-        seen[:] = [args[0]]
+        if threading.get_ident() == caller:
+            seen[:] = [args[0]]
 
     handle = target.get_output_embeddings().register_forward_pre_hook(keep)
     try:

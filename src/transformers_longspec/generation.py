@@ -273,26 +273,15 @@ def longspec_tree_decode(
     on_device = static_shapes and output.host_stop is not None and not (
         generation_config.do_sample or logits_processor or output.keeps_scores)
     with compat.tree_attention(target):
-        while not done:
+        if on_device and not done:
+            from_retrieval += _greedy_steps_on_device(drafter, output, stats, draft_size)
+        while not done and not on_device:
             committed = output.sequences.shape[1] - 1  # the root, the last emitted token, is not in the cache yet
-            if on_device:
-                drafter.record(output.sequences)
-                _, packed, clock = drafter.draft_and_verify(committed, accept_greedy=True)
-                clock.mark()
-                n, step_tokens, path = _unpack_acceptance(packed)  # the step's one read-back
-                cache.set_length(committed + n)
-                accepted, logits, scores = Acceptance(path, packed[1 : 1 + n]), None, None
-            else:
-                accepted, logits, scores, clock = _host_step(target, drafter, cache, output.sequences, committed,
-                                                             logits_processor, generation_config.do_sample)
-                step_tokens = None
-            draft_s, verify_s = clock.seconds()
-            stats.draft_s, stats.verify_s = stats.draft_s + draft_s, stats.verify_s + verify_s
-            stats.target_forwards += 1
-            stats.accepted_lengths.append(accepted.new_tokens.numel())
+            accepted, logits, scores, clock = _host_step(target, drafter, cache, output.sequences, committed,
+                                                         logits_processor, generation_config.do_sample)
+            _count_step(stats, clock, accepted.new_tokens.numel())
             from_retrieval += (accepted.path >= draft_size).sum()
-            kept = (logits[accepted.path], scores[accepted.path]) if logits is not None else (None, None)
-            done = output.extend(accepted.new_tokens, *kept, token_list=step_tokens)
+            done = output.extend(accepted.new_tokens, logits[accepted.path], scores[accepted.path])
     if streamer is not None:
         streamer.end()
     stats.new_tokens = output.sequences.shape[1] - stats.prompt_tokens
@@ -348,13 +337,34 @@ def _draft_and_verify(target, drafter, cache: LongSpecCache, sequences: torch.Te
     return tree, logits, clock, tree_start
 
 
-def _unpack_acceptance(packed: torch.Tensor) -> tuple[int, list[int], torch.Tensor]:
-    """(n, the n emitted tokens as a list, accepted tree indices (n,) on the device) from `StaticTreeStep`'s packed
-    acceptance; one device-to-host copy."""
-    values = packed.tolist()
-    slots = (len(values) - 1) // 2
-    n = values[0]
-    return n, values[1 : 1 + n], packed[1 + slots : 1 + slots + n]
+def _greedy_steps_on_device(engine: StaticTreeStep, output: _Output, stats: LongSpecStats, draft_size: int) -> int:
+    """Greedy decoding with acceptance inside the step's graphs, until a stopping criterion is met; returns the drafted
+    tokens accepted from the retrieval branch (tree indices >= `draft_size`).
+
+    Each step is launched before the previous one is read back where the host can tell its bucket
+    (`StaticTreeStep.chain_greedy`), so the host's work on step k (read-back, stopping checks, streaming) overlaps
+    the GPU's work on step k + 1. A step chained behind the one that meets a stopping criterion is dropped unread
+    (it only wrote cache rows and tokens past the output).
+    """
+    from_retrieval = 0
+    step = engine.launch_greedy(output.sequences)
+    while True:
+        ahead = engine.chain_greedy(step, output.host_stop.max_length)
+        n, tokens, path = step.result()
+        _count_step(stats, step.clock, n)
+        from_retrieval += sum(index >= draft_size for index in path)
+        emitted = engine.tokens[step.committed + 1 : step.committed + 1 + n]  # written there by the step's graph
+        if output.extend(emitted, None, None, token_list=tokens):
+            return from_retrieval
+        step = ahead if ahead is not None else engine.launch_greedy(output.sequences)
+
+
+def _count_step(stats: LongSpecStats, clock: StepClock, emitted: int) -> None:
+    """Add one verification step that emitted `emitted` tokens, and its draft / verification times, to `stats`."""
+    draft_s, verify_s = clock.seconds()
+    stats.draft_s, stats.verify_s = stats.draft_s + draft_s, stats.verify_s + verify_s
+    stats.target_forwards += 1
+    stats.accepted_lengths.append(emitted)
 
 
 def _resolve_static_options(static_shapes, compile, generation_config: GenerationConfig,
@@ -459,12 +469,25 @@ class _Output:
         )
 
 
-def _host_stop_rule(stopping_criteria):
-    """A host-side equivalent of `stopping_criteria` as f(length before, tokens) -> (tokens to keep, done), or None.
+class _HostStop:
+    """A host-side equivalent of stopping criteria that are all `MaxLengthCriteria`, `EosTokenCriteria` or
+    `MaxTimeCriteria` (what `generate` builds from max_length / max_new_tokens, eos_token_id and max_time), called
+    as f(length before, tokens) -> (tokens to keep, done). `max_length`: the smallest max length (tokens) or None."""
 
-    Covers `MaxLengthCriteria`, `EosTokenCriteria` and `MaxTimeCriteria` (what `generate` builds from
-    max_length / max_new_tokens, eos_token_id and max_time); any other criterion returns None (checked per token).
-    """
+    def __init__(self, max_length: int | None, eos: set[int], deadlines: list[float]):
+        self.max_length, self.eos, self.deadlines = max_length, eos, deadlines
+
+    def __call__(self, length: int, tokens: list[int]) -> tuple[int, bool]:
+        for i, token in enumerate(tokens):
+            n = length + i + 1
+            if ((self.max_length is not None and n >= self.max_length) or token in self.eos
+                    or any(time.time() > d for d in self.deadlines)):
+                return i + 1, True
+        return len(tokens), False
+
+
+def _host_stop_rule(stopping_criteria) -> _HostStop | None:
+    """`_HostStop` for `stopping_criteria`, or None when one of them is of another kind (checked per token)."""
     max_length, eos, deadlines = None, set(), []
     for criterion in stopping_criteria or []:
         if type(criterion) is MaxLengthCriteria:
@@ -475,15 +498,7 @@ def _host_stop_rule(stopping_criteria):
             deadlines.append(criterion.initial_timestamp + criterion.max_time)
         else:
             return None
-
-    def rule(length: int, tokens: list[int]) -> tuple[int, bool]:
-        for i, token in enumerate(tokens):
-            n = length + i + 1
-            if (max_length is not None and n >= max_length) or token in eos or any(time.time() > d for d in deadlines):
-                return i + 1, True
-        return len(tokens), False
-
-    return rule
+    return _HostStop(max_length, eos, deadlines)
 
 
 __all__ = ["longspec_tree_decode", "LongSpecCandidateGenerator", "LongSpecStats", "resolve_beam_widths",

@@ -24,8 +24,12 @@ of ~47 small kernels per layer). The cache update stays outside the compiled reg
 opaque custom op inside them, so the same compiled code serves every bucket and every layer; it is compiled on the
 first call (tens of seconds on a GPU) and reused by later calls in the process.
 
-Everything after the verification (logits processors, acceptance, compaction of the accepted path, stopping
-checks) runs eagerly with a single read-back of the accepted path.
+Greedy calls without logits processors run acceptance, the compaction of the accepted path and the advance of the
+sequence (its token buffer and C) inside the verification graph too (`launch_greedy`), so the step after it can be
+launched before its result is read back (`chain_greedy`): the host reads step k's accepted tokens, checks stopping
+and streams them while the GPU already runs step k + 1, and the GPU never waits for the host. Otherwise (logits
+processors, sampling, returned scores) everything after the verification runs eagerly with a single read-back of
+the accepted path.
 
 Reference: LongSpec (arXiv 2502.17421) §3.3–3.4; CUDA graphs in PyTorch (`torch.cuda.CUDAGraph`,
 `torch.cuda.graph`), the "static cache" idea of transformers' `StaticCache`; regional compilation
@@ -103,6 +107,9 @@ class StaticTreeStep:
         self.committed = torch.zeros((), dtype=torch.long, device=device)
         self._refresh = torch.arange(-(self.depth + 1), 0, device=device)
         self._path_slots = torch.arange(max(self.depth, retrieval_tokens) + 1, device=device)  # root + deepest path
+        # the packed greedy results of the last two launched steps, copied out before the next step overwrites them
+        self._host_packed = [torch.zeros(1 + 2 * self._path_slots.numel(), dtype=torch.long,
+                                         pin_memory=device.type == "cuda") for _ in range(2)]
         self._tail = torch.arange(TAIL, device=device)
         self._graphs: OrderedDict[tuple[int, bool], tuple] = OrderedDict()
         self.hidden: torch.Tensor | None = None  # (tree_size, hidden) of the latest verification (feature drafts)
@@ -143,7 +150,7 @@ class StaticTreeStep:
         if length + TAIL + self.tree_size <= self.capacity:
             return
         self.capacity = _round_up(length + TAIL + self.tree_size, CAPACITY_STEP)
-        committed = self.cache.committed_length
+        committed = length - 1  # every token before the root
         self.cache.storage.resize(self.capacity, keep=committed)
         self.cache.set_length(committed)
         tokens = self.tokens.new_zeros(self.capacity)
@@ -156,22 +163,64 @@ class StaticTreeStep:
         return committed // TAIL * TAIL + TAIL
 
     # ------------------------------------------------------------------ the step
-    def draft_and_verify(self, committed: int, accept_greedy: bool = False
-                         ) -> tuple[DraftTree, torch.Tensor, StepClock]:
+    def draft_and_verify(self, committed: int) -> tuple[DraftTree, torch.Tensor, StepClock]:
         """Grow the tree rooted at sequence position `committed` and verify it with the target.
 
         Args:
             committed: C, tokens whose K/V are committed in the target cache (the root is token C).
-            accept_greedy: also run greedy acceptance and the compaction of the accepted path inside the verification
-                graph (`_accept_greedy`; for greedy calls without logits processors or returned scores).
-        Returns: (tree, out, clock). `out` is the logits (tree_size, vocab) in the target's dtype, or with
-            `accept_greedy` the packed acceptance (see `_accept_greedy`) — static buffers, valid until the next call;
-            `clock` holds the CUDA events / times bracketing the draft and verification phases.
+        Returns: (tree, logits, clock): the logits (tree_size, vocab) in the target's dtype — a static buffer, valid
+            until the next step — and the `StepClock` bracketing the draft and verification phases.
         """
+        self._root_at(committed)
+        return self._run(committed // TAIL * TAIL, accept_greedy=False)
+
+    def launch_greedy(self, sequences: torch.Tensor) -> GreedyStep:
+        """Launch one greedy step rooted at the last token of `sequences` (1, length) int64, without waiting for it:
+        draft, verification, greedy acceptance, compaction of the accepted path and the advance of the device's
+        token buffer and C by the emitted tokens (`_accept_greedy`). Read it with `GreedyStep.result()`."""
+        self.record(sequences)
+        committed = sequences.shape[1] - 1
+        self._root_at(committed)
+        return self._launch(committed // TAIL * TAIL, committed)
+
+    def chain_greedy(self, in_flight: GreedyStep, max_length: int | None) -> GreedyStep | None:
+        """Launch the step after `in_flight` before `in_flight` is read back: its graph has already advanced the
+        device's C and token buffer, so the new step reads its root from there.
+
+        The host does not know that step's C yet, only that it lies in (C', C' + deepest path + 1] for the root C' of
+        `in_flight`; returns None (launch it with `launch_greedy` once `in_flight` is read) when that range crosses a
+        bucket boundary, when the step might not fit the buffers, or when `in_flight` may reach `max_length` tokens
+        and end the call (its successor would be wasted work).
+        """
+        first, last = in_flight.committed + 1, in_flight.committed + self._path_slots.numel()
+        if (first // TAIL != last // TAIL or last + 1 + TAIL + self.tree_size > self.capacity
+                or (max_length is not None and last + 1 >= max_length)):
+            return None
+        step = self._launch(first // TAIL * TAIL, None)
+        in_flight.successor = step
+        return step
+
+    def _root_at(self, committed: int) -> None:
+        """Set the device's C from the host (and fill the draft's ring on a call's first step)."""
         if not self._ring_ready:  # once per call: the draft's ring takes the last window of the prompt
             self._fill_ring(committed)
         self.committed.fill_(committed)
-        bucket = committed // TAIL * TAIL
+
+    def _launch(self, bucket: int, committed: int | None) -> GreedyStep:
+        _, packed, clock = self._run(bucket, accept_greedy=True)
+        clock.mark()
+        host = self._host_packed[0]
+        self._host_packed.reverse()
+        host.copy_(packed, non_blocking=True)  # enqueued before the next step overwrites `packed`
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return GreedyStep(committed, host, done, clock)
+
+    def _run(self, bucket: int, accept_greedy: bool) -> tuple[DraftTree, torch.Tensor, StepClock]:
+        """Draft + verification (+ greedy acceptance) for the bucket at row `bucket`: graph replay, or a capture on a
+        bucket's first step, or the eager code without CUDA graphs. Reads C from the device."""
         events = StepClock(self.device)
         if not self.cuda_graphs:
             tree, out = self._eager_step(bucket, accept_greedy, events)
@@ -301,6 +350,10 @@ class StaticTreeStep:
         path's K/V rows move to the committed rows C, C + 1, ... of every layer, padded to `slots` = deepest path + 1
         rows: the padding rows lie past the new committed length, where nothing reads them before they are rewritten.
 
+        Then the sequence advances on the device: the emitted tokens land in the token buffer after the root (the
+        padding slots write past the new root, where nothing reads) and C grows by n, so the next step can start from
+        the device's state (`chain_greedy`).
+
         Returns: (1 + 2 * slots,) int64 = [n, emitted tokens (n used: the accepted drafts, then the bonus), accepted
             tree indices (n used, root first)].
         Reference: LongSpec §3.3; `verification.accept` and `LongSpecCache.commit_path` (the eager twins).
@@ -319,6 +372,8 @@ class StaticTreeStep:
         buffer = self.cache.storage.tensor
         rows = buffer.index_select(4, path + self.tree_start(bucket))  # gather first: sources and targets overlap
         buffer.index_copy_(4, self.committed + slots, rows)
+        self.tokens.index_copy_(0, self.committed + 1 + slots, emitted)
+        self.committed.add_(n[0])
         return torch.cat([n, emitted, path])
 
 
@@ -339,6 +394,32 @@ def _weight_storage(target, draft) -> tuple:
     live weights (`.to(dtype)`, re-loading or merging adapters replaces them)."""
     params = list(target.parameters()) + list(draft.parameters())
     return tuple((p.data_ptr(), p.dtype, p.shape) for p in params)
+
+
+class GreedyStep:
+    """A greedy step launched on the device (`StaticTreeStep.launch_greedy` / `chain_greedy`), read back once.
+
+    Attributes:
+        committed: C, the step's root position (None for a chained step until its predecessor is read).
+        clock: the `StepClock` of its draft and verification.
+        successor: the step chained behind this one, if any (its C is set when this one is read).
+    """
+
+    def __init__(self, committed: int | None, packed: torch.Tensor, done, clock: StepClock):
+        self.committed, self.clock, self.successor = committed, clock, None
+        self._packed, self._done = packed, done
+
+    def result(self) -> tuple[int, list[int], list[int]]:
+        """(n, the n emitted tokens (accepted drafts, then the bonus), the accepted tree indices root first); waits
+        for the step (its one device-to-host read)."""
+        if self._done is not None:
+            self._done.synchronize()
+        values = self._packed.tolist()
+        slots = (len(values) - 1) // 2
+        n = values[0]
+        if self.successor is not None:
+            self.successor.committed = self.committed + n
+        return n, values[1 : 1 + n], values[1 + slots : 1 + slots + n]
 
 
 class StepClock:
@@ -368,4 +449,4 @@ class StepClock:
         return [b - a for a, b in zip(self.points, self.points[1:])]
 
 
-__all__ = ["StaticTreeStep", "StepClock", "TAIL"]
+__all__ = ["GreedyStep", "StaticTreeStep", "StepClock", "TAIL"]
