@@ -114,6 +114,20 @@ def _refuse_longspec_options(assistant_model, options: list[str]) -> None:
         )
 
 
+def _calling_thread_only(hook):
+    """`hook` (a module hook) made to run only in the thread that wraps it: a plain forward that another thread runs
+    on the same shared target meanwhile is not seen by the LongSpec call's hooks."""
+    caller = threading.get_ident()
+
+    @functools.wraps(hook)
+    def filtered(*args):
+        if threading.get_ident() == caller:
+            return hook(*args)
+        return None
+
+    return filtered
+
+
 @contextmanager
 def _finite_prefill_logits(target):
     """Within the block, raise ValueError as soon as the target's first LM-head output (the prefill) holds NaN/inf.
@@ -121,11 +135,8 @@ def _finite_prefill_logits(target):
     A forward hook on the target's output embedding, removed after its first call (one host sync per `generate`)
     and on exit. Plain decoding would silently emit token 0 after every NaN; LongSpec says so instead.
     """
-    caller = threading.get_ident()
-
+    @_calling_thread_only
     def check(module, args, output):
-        if threading.get_ident() != caller:  # another thread's plain forward on the shared target
-            return
         handle.remove()
         if not bool(torch.isfinite(output).all()):
             raise ValueError(
@@ -157,11 +168,9 @@ def final_hidden_states(target, enabled: bool = True):
         yield seen
         return
 
-    caller = threading.get_ident()
-
+    @_calling_thread_only
     def keep(module, args):
-        if threading.get_ident() == caller:
-            seen[:] = [args[0]]
+        seen[:] = [args[0]]
 
     handle = target.get_output_embeddings().register_forward_pre_hook(keep)
     try:

@@ -273,15 +273,17 @@ def longspec_tree_decode(
     on_device = static_shapes and output.host_stop is not None and not (
         generation_config.do_sample or logits_processor or output.keeps_scores)
     with compat.tree_attention(target):
-        if on_device and not done:
-            from_retrieval += _greedy_steps_on_device(drafter, output, stats, draft_size)
-        while not done and not on_device:
-            committed = output.sequences.shape[1] - 1  # the root, the last emitted token, is not in the cache yet
-            accepted, logits, scores, clock = _host_step(target, drafter, cache, output.sequences, committed,
-                                                         logits_processor, generation_config.do_sample)
-            _count_step(stats, clock, accepted.new_tokens.numel())
-            from_retrieval += (accepted.path >= draft_size).sum()
-            done = output.extend(accepted.new_tokens, logits[accepted.path], scores[accepted.path])
+        if on_device:
+            if not done:
+                from_retrieval += _greedy_steps_on_device(drafter, output, stats, draft_size)
+        else:
+            while not done:
+                committed = output.sequences.shape[1] - 1  # the root, the last emitted token, is not in the cache yet
+                accepted, logits, scores, clock = _host_step(target, drafter, cache, output.sequences, committed,
+                                                             logits_processor, generation_config.do_sample)
+                _count_step(stats, clock, accepted.new_tokens.numel())
+                from_retrieval += (accepted.path >= draft_size).sum()
+                done = output.extend(accepted.new_tokens, logits[accepted.path], scores[accepted.path])
     if streamer is not None:
         streamer.end()
     stats.new_tokens = output.sequences.shape[1] - stats.prompt_tokens
