@@ -54,6 +54,8 @@ if os.environ["DRY_RUN"] == "1":
     recipe["training_arguments"].update(eval_steps=3, logging_steps=1, loss_chunk_size=256)
 mix.update(json.loads(os.environ["MIX_SET"] or "{}"))
 recipe.setdefault("draft", {}).update(json.loads(os.environ["DRAFT_SET"] or "{}"))
+if os.environ["DRY_RUN"] == "1" and recipe["draft"].get("draft_vocab_size"):  # tiny data: few distinct tokens
+    recipe["draft"]["draft_vocab_size"] = 256
 json.dump(recipe, open(sys.argv[1], "w"), indent=2)
 print(f"[train_mix] recipe {name} -> {sys.argv[1]}: draft {recipe['draft']}, mix {json.dumps(mix)}")
 PY

@@ -7,16 +7,19 @@
 #   bash benchmarks/lease_h200.sh wait SECS  # hold the machine up to SECS (or until DONE), pack ~/lease/out into
 #                                            # $OUT/lease.tgz (drafts in $OUT/drafts.tgz)
 # Pipeline (every phase logs to ~/lease/out/<phase>/, a failed phase does not stop the next; times on one H200):
+#   profile  (GPU alone, beside data + convert) where a training step's and a LongSpec step's time go, on random
+#            weights of the Qwen shape (train_profile.py, kernel_profile.py)                          ~2.5 min
 #   data     (CPU, beside convert) the corpus scans of both mixed recipes, once per tokenizer (`longspec data`,
 #            rows_cache): code of several languages + prose of the machine's packages and docs, long rows
 #   convert  GGUFs -> ~/qwen15 (bf16) and ~/smollm2 (fp32)                                             ~2 min
-#   gputests (beside chat) CUDA graphs, compiled step, feature drafts, retrieval, plain loop, 1,000-call long run
-#   chat     the Qwen target's own chat answers over corpus documents (`longspec data --chat`)        ~2 min
-#   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps)  ~7 min
-#   smol     (beside train and tau) SmolLM2 drafts at equal budget, one lever changed each (SMOL_VARIANTS), their
-#            tau in fp32 (tree / chain) beside the bundled draft's, then the bundled draft's successor
-#            (SMOL_FINAL_MIN minutes)
-#   tau      the Qwen draft: tree / tree + retrieval / chain / retrieval alone on held-out + public documents
+#   chat     the Qwen target's own chat answers over corpus documents (`longspec data --chat`)        ~2.5 min
+#   gputests (beside chat, after profile) CUDA graphs, compiled step, feature drafts, retrieval, draft vocabulary,
+#            plain loop, 1,000-call long run
+#   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps)  ~9 min
+#   smol     (SMOL=1 only, beside train and tau) SmolLM2 drafts at equal budget, one lever changed each
+#            (SMOL_VARIANTS), their tau in fp32 (tree / chain) beside the bundled draft's, then the bundled draft's
+#            successor (SMOL_FINAL_MIN minutes)
+#   tau      the Qwen draft: tree + retrieval and chain (TAU_CONFIGS) on held-out + public documents, 2 per bucket
 #   bench    every greedy method end to end in one process, alone on the GPU
 # Set LONGSPEC_COMMIT on the launch command line; carry .evaldata (public jsonl + heldout.jsonl).
 # DRY=1: the same pipeline on a CPU in minutes (tiny data and steps, 2k-token prompts, 16 new tokens; HOME pointing at
@@ -28,8 +31,8 @@ QWEN_GGUF=$HOME/stage/qwen2.5-coder-1.5b-instruct.gguf
 SMOL_GGUF=$HOME/stage/smollm2-135m-instruct.gguf
 RECIPE=${RECIPE:-qwen2.5-coder-1.5b-mix}
 SMOL_RECIPE=${SMOL_RECIPE:-smollm2-mix}
-DRAFT_SET=${DRAFT_SET:-'{"target_hidden_input": true}'}
-QWEN_MIX=${QWEN_MIX:-'"short_rows": 24000, "chat_prompts": 256, "chat_batch_size": 128'}  # over the recipe's data.mix
+DRAFT_SET=${DRAFT_SET:-'{}'}  # over the recipe's draft section
+QWEN_MIX=${QWEN_MIX:-'"short_rows": 24000'}  # over the recipe's data.mix (non-empty: JSON members)
 
 phase() {  # phase NAME SECONDS COMMAND...: run COMMAND (killed after SECONDS) with OUT=$L/out/NAME, log the outcome
   local name=$1 limit=$2
@@ -76,19 +79,23 @@ case "${1:-}" in
     draft=$HOME/draft-qwen15
     phase data "$(dry 300 420)" bash benchmarks/lease_h200.sh data &
     data_pid=$!
-    phase convert 300 bash -c 'bash benchmarks/lease_h200.sh convert'
-    phase gputests 300 bash benchmarks/lease_h200.sh gputests &
+    (phase profile "${PROFILE_S:-$(dry 60 200)}" bash benchmarks/lease_h200.sh profile
+     phase gputests 330 bash benchmarks/lease_h200.sh gputests) &
     tests_pid=$!
+    phase convert 300 bash -c 'bash benchmarks/lease_h200.sh convert'
+    phase chat "$(dry 240 $(( ${CHAT_S:-150} + 90 )))" bash benchmarks/lease_h200.sh chat
     wait "$data_pid"
-    phase chat "$(dry 240 200)" bash benchmarks/lease_h200.sh chat
     # ends with the tau phase at the latest (a variant not done by then is left out): the bench runs alone
-    if [ -f "$HOME/smollm2/config.json" ]; then phase smol "${SMOL_S:-$(dry 900 690)}" bash benchmarks/lease_h200.sh smol & fi
-    smol_pid=$!
+    smol_pid=
+    if [ "${SMOL:-0}" = 1 ] && [ -f "$HOME/smollm2/config.json" ]; then
+      phase smol "${SMOL_S:-$(dry 900 690)}" bash benchmarks/lease_h200.sh smol &
+      smol_pid=$!
+    fi
+    phase train "$(( ${TRAIN_MIN:-7} * 60 + 150 ))" bash benchmarks/lease_h200.sh train
     wait "$tests_pid"
-    phase train "$(( ${TRAIN_MIN:-7} * 60 + 120 ))" bash benchmarks/lease_h200.sh train
     [ -f "$draft/config.json" ] || draft=  # no trained draft (training failed or ran out of time): an untrained one
     [ "${TAU_S:-160}" = 0 ] || phase tau "$(( ${TAU_S:-160} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
-    wait "$smol_pid"
+    [ -z "$smol_pid" ] || wait "$smol_pid"
     phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
   pipeline-smol)  # SmolLM2 alone (a lease too short for staging the Qwen target): GPU tests, drafts, bench
@@ -134,11 +141,17 @@ case "${1:-}" in
     mkdir -p "$HOME/stage" && ln -sfn "$HOME/qwen15" "$HOME/stage/qwen2.5-coder-1.5b-instruct" ;;
   gputests)
     if [ "$DRY" = 1 ]; then echo "dry run: no GPU tests"; else bash benchmarks/gpu_check.sh tests; fi ;;
+  profile)  # where a training step's and a LongSpec step's time go (random weights of the Qwen shape)
+    if [ "$DRY" = 1 ]; then echo "dry run: no GPU profile"; exit 0; fi
+    pkg /tmp/pkg-profile
+    python3 benchmarks/train_profile.py --out "$OUT/train_profile.json"
+    python3 benchmarks/kernel_profile.py --contexts "${PROFILE_CONTEXTS:-8192,30000}" --out "$OUT/kernel_profile.json" \
+      2>&1 | grep -v "^{" ;;
   chat)  # the Qwen target's chat answers, cached for the train phase (which then generates none)
     pkg /tmp/pkg-chat
     # shellcheck disable=SC2046
     python3 -m transformers_longspec.cli data --chat --recipe "$RECIPE" --target "$HOME/qwen15" \
-      $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-110}")")") ;;
+      $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-150}")")") ;;
   train)
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
       MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \
@@ -147,12 +160,15 @@ case "${1:-}" in
   tau)  # the Qwen draft ($2; none: an untrained one) on held-out and public documents
     pkg /tmp/pkg-tau
     python3 benchmarks/tau_matrix.py --target "$HOME/qwen15" ${2:+--draft "$2"} --dtype "$(dry float32 bfloat16)" \
+      --configs "${TAU_CONFIGS:-tree+retrieval,chain}" \
       --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 8192,16384,30000)" --per-bucket \
       "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" --max-seconds "$(dry 60 "${TAU_S:-160}")" --out "$OUT/tau_matrix.json" ;;
-  bench)  # every greedy method in one process (no other GPU work meanwhile)
+  bench)  # every greedy method in one process (no other GPU work meanwhile); the held-out prose rows get a file of
+          # their own (one prompt per bucket takes the first row of a file, a held-out code row in heldout.jsonl)
+    grep '"dataset": "heldout-prose"' .evaldata/heldout.jsonl > .evaldata/heldout_prose.jsonl
     OUT=$OUT DRAFT=${2:-} NEW=$(dry 16 256) MAX_S=$(dry 60 "${BENCH_S:-180}") PKG=/tmp/pkg-bench DTYPE=$(dry fp32 bf16) \
-      DATASETS="${BENCH_DATASETS:-heldout,code_completion,summarization}" BUCKETS=$(dry 2048 8192,30000) \
-      METHODS=${BENCH_METHODS:-plain_graph,prompt_lookup,longspec,longspec_noretr,retrieval_only,engine_plain} \
+      DATASETS="${BENCH_DATASETS:-heldout,heldout_prose,code_completion,summarization}" BUCKETS=$(dry 2048 8192,16384,30000) \
+      METHODS=${BENCH_METHODS:-plain_graph,longspec,longspec_noretr,longspec_noretr_fullvocab,retrieval_only,engine_plain} \
       bash benchmarks/gpu_bench.sh greedy-retrieval ;;
   smol)  # SmolLM2 drafts from the same builder: the bundled draft's successor (`final`) in one lane, beside it the
          # levers at equal budget (SMOL_STEPS steps each, one lever changed), each followed by its tau
@@ -164,10 +180,10 @@ case "${1:-}" in
     done
     wait ;;
   smol-train)  # smol-train VARIANT: one SmolLM2 draft into ~/draft-smol-VARIANT, then its tau
-    draft_set=$DRAFT_SET mix_set="" extra="" steps=${SMOL_STEPS:-600} minutes=${SMOL_MIN:-2}
+    draft_set=${SMOL_DRAFT_SET:-'{"target_hidden_input": true}'} mix_set="" extra="" steps=${SMOL_STEPS:-600} minutes=${SMOL_MIN:-2}
     case $2 in
       nofeature) draft_set='{"target_hidden_input": false}' ;;
-      noinit) draft_set="${DRAFT_SET%\}}, \"init_from_target\": false}" ;;
+      noinit) draft_set="${draft_set%\}}, \"init_from_target\": false}" ;;
       nochat) mix_set=', "chat_prompts": 0' ;;
       nolong) mix_set=', "long_rows": 0' ;;
       nosoft) extra="--set soft_labels_topk=0" ;;

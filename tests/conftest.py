@@ -35,9 +35,11 @@ def flat_costs(target, draft, candidates) -> TreeCosts:
 @pytest.fixture(autouse=True)
 def _deterministic_tree_costs(request, monkeypatch):
     """The default tree is chosen from measured costs (`tree_policy`); timings are noise on a shared CPU, so tests
-    get fixed GPU-like costs (the draft's largest tree and the retrieval branch win) unless marked `measured_costs`."""
+    get fixed GPU-like costs (the draft's largest tree and the retrieval branch win), not calibrated by the calls' own
+    step times, unless marked `measured_costs`."""
     if "measured_costs" not in request.keywords:
         monkeypatch.setattr(tree_policy, "measure_costs", flat_costs)
+        monkeypatch.setattr(tree_policy.TreePolicy, "calibrate", lambda self, *args: None)
 
 
 @pytest.fixture(params=sorted(FAMILIES))

@@ -56,12 +56,15 @@ def test_the_guard_catches_what_breaks_a_capture():
 
 
 @pytest.mark.parametrize("feature", [False, True], ids=["plain", "target_hidden"])
-@pytest.mark.parametrize("widths,retrieval", [((4, 16, 16, 16, 16), 10), ((2, 2), 0), ((), 6)], ids=str)
-def test_captured_code_has_no_host_sync(family, widths, retrieval, feature, guarded_steps):
+@pytest.mark.parametrize("widths,retrieval,vocab", [
+    ((4, 16, 16, 16, 16), 10, False), ((2, 2), 0, False), ((), 6, False), ((3, 5, 5), 4, True)], ids=str)
+def test_captured_code_has_no_host_sync(family, widths, retrieval, vocab, feature, guarded_steps):
     """Greedy (acceptance inside the step) and with a logits processor (acceptance on the host): the step's code
-    passes the guard, and the tokens are plain greedy's."""
+    passes the guard, and the tokens are plain greedy's (a draft vocabulary included)."""
     target = make_target(family)
     draft = LongSpecDraft.from_target(target, init_from_target=False, target_hidden_input=feature)
+    if vocab:
+        draft.set_draft_vocabulary(torch.arange(40, 90))
     ids = torch.randint(3, 99, (1, 12), generator=torch.Generator().manual_seed(1)).repeat(1, 3)
     for extra in ({}, {"repetition_penalty": 1.3}):
         kwargs = dict(do_sample=False, max_new_tokens=30, **extra)

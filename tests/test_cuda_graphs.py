@@ -51,6 +51,23 @@ def test_feature_draft_graphs_match_plain_greedy(family, processor, small_tail):
     assert len(draft.__dict__["_static_step"]._graphs) >= 4
 
 
+@pytest.mark.parametrize("compile", [False, True])
+def test_draft_vocabulary_graphs_match_plain_greedy(family, compile, small_tail):
+    """A draft with its own vocabulary (`vocabulary.py`): the LM-head rows live in a graph-read buffer refilled per
+    call, so the graphs captured for one prompt serve the next prompt's vocabulary."""
+    target = make_target(family).cuda()
+    draft = LongSpecDraft.from_target(target, target_hidden_input=True).cuda()
+    draft.set_draft_vocabulary(torch.arange(30, 80))
+    for seed, length in [(2, 300), (3, 290), (0, 5)]:
+        ids = _prompt(seed, length)
+        plain = target.generate(ids, do_sample=False, max_new_tokens=64)
+        spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=64,
+                               longspec_compile=compile)
+        assert torch.equal(plain, spec), (family, compile, seed)
+        assert draft.last_generation_stats.draft_vocab_tokens == 50 + len(set(ids[0].tolist()) - set(range(30, 80)))
+    assert len(draft.__dict__["_static_step"]._graphs) >= 4
+
+
 def test_graph_replay_equals_eager_static_bf16(small_tail, monkeypatch):
     """Same kernels, same static layout: replayed graphs give bit-identical tokens to running the code eagerly."""
     target = make_target("qwen2", hidden_size=128, num_attention_heads=4, intermediate_size=256).cuda().bfloat16()
@@ -60,9 +77,9 @@ def test_graph_replay_equals_eager_static_bf16(small_tail, monkeypatch):
     stats = draft.last_generation_stats
     assert stats.draft_s > 0 and stats.verify_s > 0
 
-    def without_graphs(target, draft, widths, retrieval_tokens, capacity, compile):
+    def without_graphs(target, draft, widths, retrieval_tokens, capacity, compile, draft_vocab=False):
         return static_step.StaticTreeStep(target, draft, widths, capacity, cuda_graphs=False, compile=compile,
-                                          retrieval_tokens=retrieval_tokens)
+                                          retrieval_tokens=retrieval_tokens, draft_vocab=draft_vocab)
 
     monkeypatch.setattr(generation_module, "_static_engine", without_graphs)
     eager = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=96)

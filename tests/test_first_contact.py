@@ -324,12 +324,14 @@ def test_mistyped_relative_draft_folder_fails_at_once(name, message, pair, tmp_p
 @pytest.mark.parametrize("hub, message", [
     ("unreachable", r"no folder 'drafts/smollm2' here .*Hub could not be reached.*ConnectionError.*HF_HUB_OFFLINE"),
     ("missing", r"no folder 'drafts/smollm2' here .*and no Hub repository of that name"),
+    ("offline", r"no folder 'drafts/smollm2' here .*no Hub repository of that name in the local cache .*HF_HUB_OFF"),
 ])
 def test_owner_name_that_is_neither_folder_nor_repository(hub, message, pair, tmp_path, monkeypatch):
-    """`drafts/smollm2` could be a Hub id: the Hub is asked once (no retries), and the answer names both readings."""
+    """`drafts/smollm2` could be a Hub id: the Hub is asked once (no retries; never with HF_HUB_OFFLINE=1, where the
+    local cache is looked at instead), and the answer names both readings."""
     target, draft = pair
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", hub == "offline")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     asked = []
 
@@ -342,7 +344,7 @@ def test_owner_name_that_is_neither_folder_nor_repository(hub, message, pair, tm
     monkeypatch.setattr("huggingface_hub.HfApi.repo_exists", repo_exists)
     with pytest.raises(ValueError, match=message):
         LongSpecDraft.from_pretrained("drafts/smollm2", target_model=target)
-    assert asked == ["drafts/smollm2"]
+    assert asked == ([] if hub == "offline" else ["drafts/smollm2"])
     assert local_draft_folder("drafts/smollm2") is None  # without from_pretrained's kwargs: left to the caller
     assert_next_call_is_fresh(target, draft, IDS)
 

@@ -106,14 +106,16 @@ def test_calls_of_similar_length_share_the_static_engine(small_tail):
 
 
 def test_compiled_static_step_matches_greedy(small_tail):
-    """`longspec_compile=True` (the default on a GPU): the draft step and the target's decoder layers run as
-    torch.compile regions; tokens equal plain greedy, later calls (new prompt, new buckets) reuse the compiled code,
+    """`longspec_compile=True` (the default on a GPU): the draft side of the step and the target's decoder layers run
+    as torch.compile regions; tokens equal plain greedy, later calls (new prompt, new buckets) reuse the compiled code,
     and the models are left uncompiled afterwards."""
     from torch._dynamo.utils import counters
 
     target = make_target("qwen2", num_hidden_layers=3)
     draft = LongSpecDraft.from_target(target, beam_widths=[4, 4, 4])
-    options = {"longspec_static_shapes": True, "longspec_compile": True}
+    # a named tree: the default-tree policy may choose another shape for the second call (a new draft-phase graph)
+    options = {"longspec_static_shapes": True, "longspec_compile": True, "longspec_beam_widths": [4, 4, 4],
+               "longspec_retrieval": 6}
     before = counters["stats"]["unique_graphs"]
     plain, spec = _both(target, draft, _prompt(2, 60), options, max_new_tokens=40)
     assert torch.equal(plain, spec)
@@ -133,14 +135,15 @@ def test_compile_failure_falls_back_with_a_warning(small_tail, monkeypatch):
     def untraceable(*args, **kwargs):
         raise torch._dynamo.exc.TorchDynamoException("simulated: dynamo cannot trace this model")
 
-    def regions(target, draft):
-        return {cls: (name, untraceable) for cls, (name, _) in real(target, draft).items()}
+    def regions(target):
+        return {cls: (name, untraceable) for cls, (name, _) in real(target).items()}
 
     real = static_step._compile_regions
     monkeypatch.setattr(static_step, "_compile_regions", regions)
+    monkeypatch.setattr(static_step, "_compile_draft_phase", lambda: untraceable)
     target = make_target("mistral")
     draft = LongSpecDraft.from_target(target, beam_widths=[3, 3])
-    options = {"longspec_static_shapes": True, "longspec_compile": True}
+    options = {"longspec_static_shapes": True, "longspec_compile": True, "longspec_beam_widths": [3, 3]}
     with pytest.warns(RuntimeWarning, match="longspec_compile=False"):
         plain, spec = _both(target, draft, _prompt(6, 50), options, max_new_tokens=20)
     assert torch.equal(plain, spec) and len(draft.last_generation_stats.accepted_lengths) > 1

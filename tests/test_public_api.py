@@ -19,6 +19,7 @@ MODULES = [
     "transformers_longspec.cli.models", "transformers_longspec.cli.generate", "transformers_longspec.cli.train",
     "transformers_longspec.cli.bench",
     "transformers_longspec.checkpoint", "transformers_longspec.hub", "transformers_longspec.model_cards",
+    "transformers_longspec.vocabulary", "transformers_longspec.static_step",
 ]
 
 

@@ -58,6 +58,23 @@ def test_observe_learns_acceptance_and_retrieval_gain():
     assert (policy.acceptance, policy.retrieval_gain) == before
 
 
+@pytest.mark.measured_costs  # calibration on (its costs are set by hand here)
+def test_observed_step_times_calibrate_the_drafts_cost():
+    """Costs measured eagerly make the draft look expensive; calls whose draft phase is cheap next to their
+    verification (a replayed CUDA graph) scale the draft's costs down, and the choice moves to a larger tree."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+    policy = TreePolicy(DEFAULT)
+    policy.costs[(id(target), torch.device("cpu"), torch.float32)] = TreeCosts(
+        verify={1: 1.0, 160: 1.0}, draft={w: 0.6 * len(w) for w in policy.candidates if w})
+    small, _ = policy.choose(target, draft, (0,))
+    assert len(small) < len(DEFAULT)
+    for _ in range(8):  # measured: draft 3.0 vs verification 1.0 per step; observed: 0.3 vs 1.0
+        policy.observe(DEFAULT, 0, [2] * 10, 0, draft_s=0.3 * 10, verify_s=1.0 * 10)
+    assert policy.draft_scale == pytest.approx(0.1, rel=0.1)
+    assert policy.choose(target, draft, (0,))[0] == DEFAULT
+
+
 @pytest.mark.measured_costs
 def test_measured_costs_on_a_real_target():
     target = make_target("qwen2")

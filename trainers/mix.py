@@ -61,6 +61,9 @@ class MixSpec:
         chat_time_budget_s: stop generating after this many seconds (None = no limit).
         chat_cache: jsonl file caching the answers (None = no cache).
         chat_loss: "answer" (prompt masked) or "all".
+        chat_repeat: times each chat item is in the training items (>= 1): the target's own answers are few next to
+            the corpus rows (256 answers fill ~5% of a run's items), so repeating them weights what the target
+            writes after a chat prompt (summaries, explanations) in the draft's training.
         chat_kinds: document kinds the chat prompts are built from.
         jsonl: the user's own .jsonl files (rows {"text"} or {"messages"}); never evaluation sets.
         jsonl_short_rows: packed short rows at most from the jsonl texts (None = all).
@@ -92,6 +95,7 @@ class MixSpec:
     chat_time_budget_s: float | None = None
     chat_cache: str | None = None
     chat_loss: str = "answer"
+    chat_repeat: int = 1
     chat_kinds: list = field(default_factory=lambda: ["python", "c_cpp", "docs"])
     jsonl: list = field(default_factory=list)
     jsonl_short_rows: int | None = None
@@ -119,6 +123,8 @@ class MixSpec:
         if self.long_rows and not 2 <= self.long_min_length <= self.long_seq_length:
             raise ValueError(f"data.mix: need 2 <= long_min_length <= long_seq_length, got {self.long_min_length}, "
                              f"{self.long_seq_length}")
+        if isinstance(self.chat_repeat, bool) or not isinstance(self.chat_repeat, int) or self.chat_repeat < 1:
+            raise ValueError(f"data.mix.chat_repeat must be an int >= 1, got {self.chat_repeat!r}")
         if self.chat_loss not in ("answer", "all"):
             raise ValueError(f"data.mix.chat_loss must be 'answer' or 'all', got {self.chat_loss!r}")
         for path in self.jsonl:
@@ -358,7 +364,7 @@ def build_mix(spec: MixSpec, tokenizer, target=None) -> tuple[list[dict], list[d
     for name, items in groups.items():
         keep = min(spec.eval_items, max(len(items) - 1, 0))
         held += items[len(items) - keep :] if keep else []
-        train += items[: len(items) - keep]
+        train += items[: len(items) - keep] * (spec.chat_repeat if name == "chat" else 1)
         stats.documents[f"items_{name}"] = len(items)
     if not train:
         raise ValueError("the mixed data gave no training items; add kinds / documents, lower min_chars or "

@@ -62,14 +62,18 @@ def local_draft_folder(name_or_path, subfolder: str = "", hub_kwargs: dict | Non
 
 
 def _check_hub_repo(repo_id: str, hub_kwargs: dict) -> None:
-    """Raise ValueError unless `repo_id` is cached locally, the Hub is off (`HF_HUB_OFFLINE`, `local_files_only`), or
-    the Hub answers that the repository exists (one request)."""
-    if constants.HF_HUB_OFFLINE or hub_kwargs.get("local_files_only"):
-        return
+    """Raise ValueError unless `repo_id` is cached locally or the Hub answers that the repository exists (one request;
+    none with the Hub off: `HF_HUB_OFFLINE`, `local_files_only`)."""
     revision, token = hub_kwargs.get("revision"), hub_kwargs.get("token")
     if isinstance(try_to_load_from_cache(repo_id, CONFIG_NAME, cache_dir=hub_kwargs.get("cache_dir"),
                                          revision=revision), str):
         return
+    if constants.HF_HUB_OFFLINE or hub_kwargs.get("local_files_only"):
+        raise ValueError(
+            f"no folder {repo_id!r} here ({os.getcwd()}), and no Hub repository of that name in the local cache (the "
+            "Hub is off: HF_HUB_OFFLINE=1 or local_files_only=True); check the path, or download the draft once "
+            "with the Hub on"
+        )
     try:
         exists = HfApi().repo_exists(repo_id, token=token)
     except Exception as err:  # the HTTP client's connection errors: re-raised with both readings of the name

@@ -52,7 +52,7 @@ from .call_lock import clear_stats_unless_running
 
 ATTENTION_NAME = "longspec"
 # per-call `generate(longspec_<name>=...)` options, passed to `longspec_tree_decode(<name>=...)`
-LONGSPEC_OPTIONS = ("beam_widths", "static_shapes", "compile", "retrieval")
+LONGSPEC_OPTIONS = ("beam_widths", "static_shapes", "compile", "retrieval", "draft_vocab")
 MODEL_TYPE = "longspec_draft"
 MIN_TRANSFORMERS = version.parse("5.17.0")
 _ORIGINALS: dict[str, object] = {}
@@ -320,18 +320,25 @@ def tree_attention(target):
     return attention_implementation(target, ATTENTION_NAME)
 
 
+_RECOMPILE_LIMIT = 64
+
+
 @contextmanager
 def compiled_methods(replacements):
     """Within the block, `obj.<name>` is `compiled` bound to `obj`, for each (obj, name, compiled) of `replacements`
     (`compiled` = `torch.compile` of the class's function); the instances are restored afterwards, also on error.
 
     Used around the capture of the static-shape step only, so the user's models stay uncompiled everywhere else.
-    Reference: `torch.compile`, `torch._dynamo.config.allow_unspec_int_on_nn_module`.
+    Within the block dynamo keeps up to `_RECOMPILE_LIMIT` compiled versions of a function (its default, 8, is
+    reached by the draft phase: one version per tree shape, retrieval length and vocabulary setting in a process).
+    Reference: `torch.compile`, `torch._dynamo.config.allow_unspec_int_on_nn_module` / `recompile_limit`.
     """
     import torch._dynamo
 
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # renamed in torch 2.7
     replaced = []
-    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+    with config.patch(allow_unspec_int_on_nn_module=True, **{limit: max(getattr(config, limit), _RECOMPILE_LIMIT)}):
         try:
             for obj, name, compiled in replacements:
                 replaced.append((obj, name, vars(obj).get(name, _MISSING)))

@@ -102,6 +102,11 @@ class LongSpecConfig(PreTrainedConfig):
             the residual stream after the self-attention (zero-initialised: a new draft starts as one without it).
             Constant memory: one vector per step. The feature-level input of EAGLE (Li et al., 2024); False = the
             LongSpec draft as published.
+        draft_vocab_size (`int`): tokens of the draft's own vocabulary, the most frequent in its training data (the
+            `draft_vocab` buffer saved with the weights); each call adds the prompt's own tokens to them
+            (`vocabulary.py`). The draft proposes only these, so its LM head reads a fraction of the target's rows
+            at every tree level; the target still verifies every token, so the output is unchanged. 0 (default) =
+            the whole vocabulary.
         initializer_range (`float`): std of the normal init for weights not copied from the target.
         target_model_type (`str`): model_type of the target this draft was built for.
         target_num_hidden_layers (`int`): the target's layer count (a consistency check at attach time).
@@ -131,6 +136,7 @@ class LongSpecConfig(PreTrainedConfig):
     sliding_window: int = 512
     beam_widths: list[int] | None = None
     target_hidden_input: bool = False
+    draft_vocab_size: int = 0
     initializer_range: float = 0.02
     target_model_type: str | None = None
     target_num_hidden_layers: int | None = None
@@ -154,6 +160,10 @@ class LongSpecConfig(PreTrainedConfig):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
                 f"({self.num_key_value_heads}); copy both from the target with LongSpecConfig.from_target_config"
             )
+        size = self.draft_vocab_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be an int in [0, vocab_size={self.vocab_size}) (0 = the whole "
+                             f"vocabulary), got {size!r}")
         window = self.sliding_window
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(

@@ -35,6 +35,7 @@ from .static_step import StaticTreeStep, StepClock
 from .tree import DraftTree, grow_tree
 from .tree_policy import TreePolicy
 from .verification import Acceptance, accept, choose_next_tokens, process_tree_logits, verify_tree
+from .vocabulary import DraftVocabulary
 
 
 @dataclass
@@ -51,6 +52,8 @@ class LongSpecStats:
         accepted_lengths: tokens emitted by each verification step (accepted drafts + bonus), in order.
         prefill_s, draft_s, verify_s, total_s: wall-clock seconds (CUDA synchronised at phase boundaries).
         beam_widths: the tree shape used. retrieval_tokens: length of the retrieval branch (0: none).
+        draft_vocab_tokens: tokens the draft proposed from (its own vocabulary plus the prompt's tokens,
+            `vocabulary.py`); 0 = the whole vocabulary.
         retrieval_accepted: drafted tokens accepted from the retrieval branch (the rest came from the draft's beams).
         draft_cache_bytes: bytes held by the draft's own cache (ring buffer + tree), constant in the context.
         finished: True once the call returned its output.
@@ -66,6 +69,7 @@ class LongSpecStats:
     total_s: float = 0.0
     beam_widths: tuple[int, ...] = ()
     retrieval_tokens: int = 0
+    draft_vocab_tokens: int = 0
     retrieval_accepted: int = 0
     draft_cache_bytes: int = 0
     finished: bool = False
@@ -114,13 +118,15 @@ class LongSpecCandidateGenerator(CandidateGenerator):
         target_cache: the target's `LongSpecCache` (its last layer feeds the draft's cross-attention).
         beam_widths: tree shape, beam width per depth.
         retrieval_tokens: length of the retrieval branch added to every tree (`retrieval.py`; 0: none).
+        vocab: the draft's vocabulary for this call (`vocabulary.DraftVocabulary`, filled), or None.
 
     Reference: transformers `CandidateGenerator`; LongSpec §3.1, §3.3; prompt lookup decoding.
     """
 
-    def __init__(self, draft, target_cache: LongSpecCache, beam_widths: tuple[int, ...], retrieval_tokens: int = 0):
+    def __init__(self, draft, target_cache: LongSpecCache, beam_widths: tuple[int, ...], retrieval_tokens: int = 0,
+                 vocab: DraftVocabulary | None = None):
         self.draft, self.target_cache, self.beam_widths = draft, target_cache, beam_widths
-        self.retrieval_tokens = retrieval_tokens
+        self.retrieval_tokens, self.vocab = retrieval_tokens, vocab
         param = next(draft.parameters())
         c = draft.config
         self.ring = DraftRingCache(c.sliding_window, 1 + sum(beam_widths), c.num_key_value_heads, c.head_dim,
@@ -146,7 +152,7 @@ class LongSpecCandidateGenerator(CandidateGenerator):
         self._ring_end = root_position
         last = self.target_cache.layers[-1]
         tree = grow_tree(self.draft, self.ring, input_ids[0, -1:], root_position, last.keys, last.values,
-                         self.beam_widths, target_hidden=self.feature)
+                         self.beam_widths, target_hidden=self.feature, vocab=self.vocab)
         if self.retrieval_tokens:
             chain = longest_match_continuation(input_ids[0], root_position, self.retrieval_tokens)
             tree = add_retrieval_branch(tree, *chain)
@@ -187,6 +193,24 @@ def resolve_retrieval(generation_config: GenerationConfig, override=None) -> int
     return None if value is None else validate_retrieval_tokens(value)
 
 
+def resolve_draft_vocab(draft, generation_config: GenerationConfig, override=None) -> bool:
+    """Whether this call's draft proposes from its own vocabulary (`vocabulary.py`): `generate(longspec_draft_vocab=
+    ...)` > `generation_config.longspec_draft_vocab` > True when the draft has one. Raises ValueError for a non-bool
+    value, or True for a draft without a vocabulary of its own."""
+    value = override if override is not None else getattr(generation_config, "longspec_draft_vocab", None)
+    has_one = bool(draft.config.draft_vocab_size)
+    if value is None:
+        return has_one
+    if not isinstance(value, bool):
+        raise ValueError(f"longspec_draft_vocab must be True, False or None (the default: the draft's own vocabulary "
+                         f"when it has one), got {value!r}")
+    if value and not has_one:
+        raise ValueError("longspec_draft_vocab=True, but this draft proposes from the whole vocabulary "
+                         "(config.draft_vocab_size = 0); drop the option, or give the draft a vocabulary with "
+                         "draft.set_draft_vocabulary(...)")
+    return value
+
+
 def _default_tree(target, draft, widths, n_retrieval) -> tuple[tuple[int, ...], int, TreePolicy | None]:
     """(beam_widths, retrieval_tokens, the policy that chose them or None): a named tree is used as named (retrieval
     `DEFAULT_RETRIEVAL_TOKENS` unless named too); otherwise the draft's `tree_policy.TreePolicy` (kept on it, costs
@@ -215,6 +239,7 @@ def longspec_tree_decode(
     static_shapes=None,
     compile=None,
     retrieval=None,
+    draft_vocab=None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Lossless LongSpec tree decoding for batch size 1 (called by the patched `generate`).
@@ -236,7 +261,10 @@ def longspec_tree_decode(
             the draft's beams (the continuation of the longest earlier match of the latest tokens, `retrieval.py`);
             0 turns it off; None (default) means `retrieval.DEFAULT_RETRIEVAL_TOKENS`. With
             `longspec_beam_widths=[]` the draft is never run: retrieval alone (exact prompt lookup).
-            All four options may also be set on the `GenerationConfig` (`longspec_compile=...`); the call wins.
+        draft_vocab: `generate(longspec_draft_vocab=...)`: the draft proposes only from its own vocabulary and the
+            prompt's tokens (`vocabulary.py`: its LM head reads a fraction of the rows); None (default) means True
+            for a draft that has one (`config.draft_vocab_size > 0`). Lossless either way.
+            All five options may also be set on the `GenerationConfig` (`longspec_compile=...`); the call wins.
         **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
     Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
     Raises: ValueError for what cannot be honoured (see `compat.check_generate_call`).
@@ -247,6 +275,7 @@ def longspec_tree_decode(
     widths, n_retrieval = resolve_beam_widths(draft, generation_config, beam_widths), resolve_retrieval(
         generation_config, retrieval)
     widths, n_retrieval, policy = _default_tree(target, draft, widths, n_retrieval)
+    use_vocab = resolve_draft_vocab(draft, generation_config, draft_vocab) and bool(widths)
     device = input_ids.device
     static_shapes, compile = _resolve_static_options(static_shapes, compile, generation_config, device)
     stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths, retrieval_tokens=n_retrieval)
@@ -255,11 +284,13 @@ def longspec_tree_decode(
     start = timer.now()
     capacity = initial_capacity(input_ids.shape[1], generation_config.max_length) + 1 + sum(widths) + n_retrieval
     if static_shapes:
-        drafter = _static_engine(target, draft, widths, n_retrieval, capacity, compile)
+        drafter = _static_engine(target, draft, widths, n_retrieval, capacity, compile, use_vocab)
         cache = drafter.start(input_ids)
     else:
         cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, capacity)
-        drafter = LongSpecCandidateGenerator(draft, cache, widths, n_retrieval)
+        vocab = DraftVocabulary.for_prompt(draft, input_ids[0]) if use_vocab else None
+        drafter = LongSpecCandidateGenerator(draft, cache, widths, n_retrieval, vocab)
+    stats.draft_vocab_tokens = drafter.vocab.tokens if drafter.vocab is not None else 0
     logits = _prefill(target, drafter, input_ids, cache)
     scores = logits_processor(input_ids, logits.clone()) if logits_processor else logits
     new_tokens = choose_next_tokens(scores, generation_config.do_sample)
@@ -289,7 +320,8 @@ def longspec_tree_decode(
     stats.new_tokens = output.sequences.shape[1] - stats.prompt_tokens
     stats.retrieval_accepted = int(from_retrieval)
     if policy is not None:
-        policy.observe(widths, n_retrieval, stats.accepted_lengths, stats.retrieval_accepted)
+        policy.observe(widths, n_retrieval, stats.accepted_lengths, stats.retrieval_accepted, stats.draft_s,
+                       stats.verify_s)
     stats.total_s = timer.now() - start
     return output.result(None if static_shapes else cache)
 
@@ -392,16 +424,16 @@ def _resolve_static_options(static_shapes, compile, generation_config: Generatio
     return static_shapes, (static_shapes and device.type == "cuda") if compile is None else compile
 
 
-def _static_engine(target, draft, widths, retrieval_tokens: int, capacity: int, compile: bool = False
-                   ) -> StaticTreeStep:
-    """The draft's `StaticTreeStep` for this call, reused when it fits (same models, tree, compile flag, enough
-    capacity)."""
+def _static_engine(target, draft, widths, retrieval_tokens: int, capacity: int, compile: bool = False,
+                   draft_vocab: bool = False) -> StaticTreeStep:
+    """The draft's `StaticTreeStep` for this call, reused when it fits (same models, tree, compile flag, draft
+    vocabulary choice, enough capacity)."""
     engine = draft.__dict__.get("_static_step")
-    if engine is None or not engine.fits(target, draft, widths, capacity, compile, retrieval_tokens):
+    if engine is None or not engine.fits(target, draft, widths, capacity, compile, retrieval_tokens, draft_vocab):
         draft.__dict__.pop("_static_step", None)  # free the old buffers before allocating new ones
         on_cuda = next(target.parameters()).device.type == "cuda"
         engine = StaticTreeStep(target, draft, widths, capacity, cuda_graphs=on_cuda, compile=compile,
-                                retrieval_tokens=retrieval_tokens)
+                                retrieval_tokens=retrieval_tokens, draft_vocab=draft_vocab)
         draft.__dict__["_static_step"] = engine
     return engine
 
@@ -504,4 +536,4 @@ def _host_stop_rule(stopping_criteria) -> _HostStop | None:
 
 
 __all__ = ["longspec_tree_decode", "LongSpecCandidateGenerator", "LongSpecStats", "resolve_beam_widths",
-           "resolve_retrieval"]
+           "resolve_draft_vocab", "resolve_retrieval"]

@@ -99,6 +99,8 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         self.last_generation_stats = None  # `LongSpecStats` of the latest generate call (None before the first)
         self.block = LongSpecBlock(config)
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.draft_vocab_size:  # the tokens this draft proposes from (`vocabulary.py`), saved with the weights
+            self.register_buffer("draft_vocab", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.__dict__["_shared"] = None
         self.post_init()
 
@@ -121,9 +123,14 @@ class LongSpecDraft(LongSpecPreTrainedModel):
                 target's final norm into the draft's (a warm start for training); False = random init.
             **overrides: `LongSpecConfig` fields, e.g. `sliding_window=256`, `beam_widths=[4, 8, 8]`.
         Returns: the draft, on the target's device and dtype.
-        Raises: ValueError for an unsupported target (see `LongSpecConfig.from_target_config`).
+        Raises: ValueError for an unsupported target (see `LongSpecConfig.from_target_config`), or for
+            `draft_vocab_size` (a vocabulary is a set of tokens: `set_draft_vocabulary`).
         Reference: LongSpec §3.1.
         """
+        if overrides.get("draft_vocab_size"):
+            raise ValueError("a draft vocabulary is a set of token ids, not a size: build the draft without "
+                             "draft_vocab_size, then call draft.set_draft_vocabulary(ids) (e.g. "
+                             "transformers_longspec.vocabulary.frequent_tokens of the training rows)")
         config = LongSpecConfig.from_target_config(target_model.config, **overrides)
         draft = cls(config)
         if init_from_target:
@@ -215,6 +222,34 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             )
 
     @property
+    def shared_lm_head(self) -> nn.Module:
+        """The target's LM head the draft uses (shared, not owned). Raises: ValueError before `attach_target`."""
+        return self._require_target().lm_head
+
+    @torch.no_grad()
+    def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
+        """Give the draft its own vocabulary: it proposes only `token_ids` (n,) int64 (e.g.
+        `vocabulary.frequent_tokens` of its training rows) plus each call's prompt tokens; `config.draft_vocab_size`
+        becomes n and the ids are saved with the weights (`draft_vocab`). Only proposals change: the output stays the
+        target's own.
+
+        Raises: ValueError for ids that repeat or fall outside [0, vocab_size), or n outside [1, vocab_size).
+        Reference: `vocabulary.py` (FR-Spec, Zhao et al. 2025).
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        vocab = self.config.vocab_size
+        if not 0 < ids.numel() < vocab or int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            span = f" in [{int(ids.min())}, {int(ids.max())}]" if ids.numel() else ""
+            raise ValueError(f"a draft vocabulary is 1 to {vocab - 1} token ids in [0, {vocab}), got "
+                             f"{ids.numel()} ids{span}")
+        if torch.unique(ids).numel() != ids.numel():
+            raise ValueError("the draft vocabulary repeats token ids: pass each token once")
+        self.config.draft_vocab_size = ids.numel()
+        device = next(self.parameters()).device
+        self.register_buffer("draft_vocab", ids.to(device))
+        self.__dict__.pop("_static_step", None)  # an engine built for the old vocabulary
+
+    @property
     def target_model(self):
         """The attached target model, or None."""
         return None if self._shared is None else self._shared.model()
@@ -268,7 +303,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return self.block.self_attn.project_kv(self.block.input_layernorm(hidden), cos, sin)
 
     def step(self, input_ids, position_ids, past_keys, past_values, self_mask, target_keys, target_values,
-             target_tail_mask=None, target_hidden=None):
+             target_tail_mask=None, target_hidden=None, vocab=None):
         """One inference step of the draft over query tokens (used to grow the tree).
 
         Args:
@@ -280,7 +315,8 @@ class LongSpecDraft(LongSpecPreTrainedModel):
                 are committed (static-shape decoding, `static_step.py`); None means all rows are committed.
             target_hidden: (1, 1, hidden) — the target's final hidden state at the last committed token; required
                 iff `config.target_hidden_input`.
-        Returns: (log-probs (1, q, vocab) fp32, own keys, own values (1, n_kv_heads, q, head_dim)).
+            vocab: a `vocabulary.DraftVocabulary`: log-probs over its slots only (None: the whole vocabulary).
+        Returns: (log-probs (1, q, vocab or vocab slots) fp32, own keys, own values (1, n_kv_heads, q, head_dim)).
         Raises: ValueError if `target_hidden` is missing although the config asks for it.
         """
         self._check_target_hidden(target_hidden)
@@ -288,7 +324,9 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         cos, sin = self.rotary(hidden, position_ids)
         hidden, k, v = self.block(hidden, cos, sin, target_keys, target_values, self_mask, past_keys, past_values,
                                   cross_tail_mask=target_tail_mask, target_hidden=target_hidden)
-        return torch.log_softmax(self.lm_logits(self.norm(hidden)), dim=-1), k, v
+        hidden = self.norm(hidden)
+        logits = self.lm_logits(hidden) if vocab is None else vocab.logits(hidden)
+        return torch.log_softmax(logits, dim=-1), k, v
 
     def forward(
         self,

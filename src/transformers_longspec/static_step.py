@@ -18,11 +18,13 @@ every ~TAIL/τ steps), and graphs are kept for reuse by later calls. The draft's
 every step (recomputing K/V that are already there is harmless: a one-layer draft's K/V depend only on the token
 and its position), which covers every token committed since the previous step.
 
-With `compile=True` the draft's step and the target's decoder layers run as `torch.compile` (inductor) regions
-while the graphs are captured, so a replay launches fused kernels (one RMSNorm, one RoPE, one SiLU-gate ... instead
-of ~47 small kernels per layer). The cache update stays outside the compiled regions and the hybrid attention is an
-opaque custom op inside them, so the same compiled code serves every bucket and every layer; it is compiled on the
-first call (tens of seconds on a GPU) and reused by later calls in the process.
+With `compile=True` the draft side of the step (`draft_phase`: ring refresh, every tree level with its top-k and
+bookkeeping, the retrieval lookup and merge) and the target's decoder layers run as `torch.compile` (inductor)
+regions while the graphs are captured, so a replay launches fused kernels (one RMSNorm, one RoPE, one SiLU-gate ...
+instead of ~47 small kernels per layer, and a few per tree level instead of ~30). The cache update stays outside
+the compiled regions and the hybrid attention is an opaque custom op inside them, so the same compiled code serves
+every bucket and every layer; it is compiled on the first call (tens of seconds on a GPU; the draft phase once per
+tree shape) and reused by later calls in the process.
 
 Greedy calls without logits processors run acceptance, the compaction of the accepted path and the advance of the
 sequence (its token buffer and C) inside the verification graph too (`launch_greedy`), so the step after it can be
@@ -52,6 +54,7 @@ from .cache import DraftRingCache, LongSpecCache, _round_up
 from .retrieval import add_retrieval_branch, longest_match_continuation
 from .tree import DraftTree, grow_tree
 from .verification import deepest_accepted
+from .vocabulary import DraftVocabulary
 
 TAIL = 512  # tokens per bucket of the committed length; a new graph pair is captured per bucket
 MAX_GRAPHS = 64  # graph pairs kept per engine (least recently used evicted): ~21 MB of logits each for a 150k vocab
@@ -70,9 +73,10 @@ class StaticTreeStep:
             similar lengths (a 1-token and a 256-token call on one prompt) reuse the engine and its captured graphs.
             A longer output grows them in `CAPACITY_STEP`s (`_grow_for`).
         cuda_graphs: capture and replay CUDA graphs (CUDA only); False runs the same static-shape code eagerly.
-        compile: run the draft step and the target's decoder layers as `torch.compile` regions (module docstring).
+        compile: run `draft_phase` and the target's decoder layers as `torch.compile` regions (module docstring).
         retrieval_tokens: length of the retrieval branch every tree carries (`retrieval.py`; 0: none); the lookup
             runs inside the draft graph over the token buffer.
+        draft_vocab: the draft proposes from its own vocabulary (`vocabulary.py`), refilled per call by `start`.
 
     Buffers (all on the target's device): the target cache (`LongSpecCache`, capacity rows), the draft's ring
     cache, the sequence's tokens `(capacity,)` int64, and the committed length `(,)` int64.
@@ -82,7 +86,7 @@ class StaticTreeStep:
     """
 
     def __init__(self, target, draft, beam_widths: tuple[int, ...], capacity: int, cuda_graphs: bool,
-                 compile: bool = False, retrieval_tokens: int = 0):
+                 compile: bool = False, retrieval_tokens: int = 0, draft_vocab: bool = False):
         device = next(target.parameters()).device
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA target, got one on {device}; use longspec_static_shapes=False "
@@ -91,6 +95,7 @@ class StaticTreeStep:
         self._weights = _weight_storage(target, draft)  # graphs read these buffers: new weights need new graphs
         self.beam_widths, self.cuda_graphs, self.device = tuple(beam_widths), cuda_graphs, device
         self.retrieval_tokens = retrieval_tokens
+        self.vocab = DraftVocabulary(draft) if draft_vocab and beam_widths else None
         self.tree_size, self.depth = 1 + sum(beam_widths) + retrieval_tokens, len(beam_widths)
         self.capacity = _round_up(capacity + TAIL + self.tree_size, CAPACITY_STEP)
         self.cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, self.capacity)
@@ -105,7 +110,6 @@ class StaticTreeStep:
                         else None)
         self.tokens = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.committed = torch.zeros((), dtype=torch.long, device=device)
-        self._refresh = torch.arange(-(self.depth + 1), 0, device=device)
         self._path_slots = torch.arange(max(self.depth, retrieval_tokens) + 1, device=device)  # root + deepest path
         # the packed greedy results of the last two launched steps, copied out before the next step overwrites them
         self._host_packed = [torch.zeros(1 + 2 * self._path_slots.numel(), dtype=torch.long,
@@ -116,14 +120,16 @@ class StaticTreeStep:
         self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self._stream = torch.cuda.Stream(device) if cuda_graphs else None
         self.compile = compile
-        self._compiled = _compile_regions(target, draft) if compile else {}
+        self._compiled = _compile_regions(target) if compile else {}
+        self._draft_phase = _compile_draft_phase() if compile else draft_phase
 
-    def fits(self, target, draft, beam_widths, capacity: int, compile: bool = False, retrieval_tokens: int = 0
-             ) -> bool:
-        """True if this engine serves a call with these models, tree shape, retrieval branch, capacity (tokens) and
-        compile flag."""
+    def fits(self, target, draft, beam_widths, capacity: int, compile: bool = False, retrieval_tokens: int = 0,
+             draft_vocab: bool = False) -> bool:
+        """True if this engine serves a call with these models, tree shape, retrieval branch, capacity (tokens),
+        compile flag and draft vocabulary choice."""
         return (self.target_ref() is target and self.draft_ref() is draft and self.beam_widths == tuple(beam_widths)
                 and self.compile == compile and self.retrieval_tokens == retrieval_tokens
+                and (self.vocab is not None) == bool(draft_vocab and beam_widths)
                 and capacity + TAIL + self.tree_size <= self.capacity
                 and _weight_storage(target, draft) == self._weights)
 
@@ -133,6 +139,8 @@ class StaticTreeStep:
         self.ring.ring_positions.fill_(-1)
         self.tokens[: input_ids.shape[1]] = input_ids[0]
         self._written, self._ring_ready = input_ids.shape[1], False
+        if self.vocab is not None:
+            self.vocab.fill(self.draft_ref(), input_ids[0])
         return self.cache
 
     def record(self, sequences: torch.Tensor) -> None:
@@ -264,9 +272,10 @@ class StaticTreeStep:
                     ) -> tuple[DraftTree, torch.Tensor]:
         """Draft + verification run eagerly (under the compiled regions, if any), marking `events` in between.
 
-        If torch.compile fails on these models (an architecture or wrapper dynamo cannot trace), warn once and go on
-        without the compiled regions for this engine: the same tokens, slower steps. The step only writes buffers
-        that a rerun rewrites, so it is simply run again.
+        If torch.compile fails on these models (an architecture or wrapper dynamo cannot trace), warn and go on
+        without the compiled draft phase, then, if the target's layers fail too, without any compiled region for this
+        engine: the same tokens, slower steps. The step only writes buffers that a rerun rewrites, so it is simply
+        run again.
         """
         try:
             with self._compiled_regions():
@@ -276,23 +285,31 @@ class StaticTreeStep:
                 logits = self._verify(bucket, tree)
                 return tree, self._accept_greedy(bucket, tree, logits) if accept_greedy else logits
         except torch._dynamo.exc.TorchDynamoException as err:
-            if not self._compiled:
+            if not self._compiling():
                 raise
             first_line = (str(err).strip().splitlines() or [""])[0][:200]
+            dropped = "the compiled draft phase" if self._draft_phase is not draft_phase else "compiled regions"
             warnings.warn(f"LongSpec: torch.compile failed on this target or draft ({type(err).__name__}: "
-                          f"{first_line}); decoding goes on without compiled regions. Pass longspec_compile=False "
-                          "to skip the attempt.", RuntimeWarning, stacklevel=2)
-            self._compiled = {}
+                          f"{first_line}); decoding goes on without {dropped}. Pass longspec_compile=False to skip "
+                          "the attempt.", RuntimeWarning, stacklevel=2)
+            if self._draft_phase is not draft_phase:
+                self._draft_phase = draft_phase
+            else:
+                self._compiled = {}
             if events is not None:
                 del events.points[1:]
             return self._eager_step(bucket, accept_greedy, events)
 
+    def _compiling(self) -> bool:
+        return bool(self._compiled) or self._draft_phase is not draft_phase
+
     def _compiled_regions(self):
-        """Within the block the target's decoder layers and the draft's step are the compiled ones (if `compile`)."""
-        if not self._compiled:
+        """Within the block the target's decoder layers are the compiled ones (if `compile`; `draft_phase` is compiled
+        as a function)."""
+        if not self._compiling():
             return contextlib.nullcontext()
-        target, draft = self.target_ref(), self.draft_ref()
-        modules = [draft] + [m for m in target.modules() if type(m) in self._compiled and "forward" not in vars(m)]
+        target = self.target_ref()
+        modules = [m for m in target.modules() if type(m) in self._compiled and "forward" not in vars(m)]
         return compat.compiled_methods([(m, *self._compiled[type(m)]) for m in modules])
 
     def _fill_ring(self, committed: int) -> None:
@@ -304,16 +321,10 @@ class StaticTreeStep:
 
     def _draft(self, bucket: int) -> DraftTree:
         """Static-shape tree growth for committed lengths in [bucket, bucket + TAIL) (reads `self.committed`)."""
-        draft, c = self.draft_ref(), self.committed
-        if self.depth:  # retrieval alone never runs the draft
-            positions = (c + self._refresh).clamp(min=0)  # the last depth + 1 committed positions (idempotent)
-            self.ring.store_tokens(draft, self.tokens[positions], positions)
         keys, values = self.cache.layers[-1].rows(bucket + TAIL)  # marked dynamic when compiling: every bucket
-        tree = grow_tree(draft, self.ring, self.tokens[c.view(1)], c, keys, values, self.beam_widths,
-                         target_tail_mask=self._tail < c - bucket, target_hidden=self.feature)
-        if self.retrieval_tokens:
-            tree = add_retrieval_branch(tree, *longest_match_continuation(self.tokens, c, self.retrieval_tokens))
-        return tree
+        return self._draft_phase(self.draft_ref(), self.ring, self.tokens, self.committed, keys, values,
+                                 self._tail < self.committed - bucket, self.feature, self.beam_widths,
+                                 self.retrieval_tokens, self.vocab)
 
     def _verify(self, bucket: int, tree: DraftTree) -> torch.Tensor:
         """Static-shape verification forward; the tree's K/V land at rows bucket + TAIL ... (see module docstring).
@@ -377,16 +388,49 @@ class StaticTreeStep:
         return torch.cat([n, emitted, path])
 
 
-def _compile_regions(target, draft) -> dict[type, tuple[str, object]]:
-    """{module class: (method name, its `torch.compile`d function)} for the draft's `step` and the target's decoder
-    layers (the classes named in `_no_split_modules`, transformers' list of its repeated blocks). Layers that carry
-    an instance-level `forward` (accelerate hooks, e.g. `device_map`) are left eager by `_compiled_regions`.
+def draft_phase(draft, ring: DraftRingCache, tokens: torch.Tensor, committed: torch.Tensor, target_keys, target_values,
+                tail_mask: torch.Tensor, feature, beam_widths: tuple[int, ...], retrieval_tokens: int,
+                vocab: DraftVocabulary | None = None) -> DraftTree:
+    """The draft side of one static-shape step, capturable (no host sync) and compiled as one region.
+
+    Refreshes the ring with the last `depth + 1` committed tokens (idempotent: a one-layer draft's K/V depend only on
+    token and position), grows the tree rooted at token C (`tree.grow_tree`) and adds the retrieval branch found in
+    the token buffer (`retrieval.py`). Compiled as a whole, the bookkeeping between the draft's forwards (top-k,
+    scatters, masks, the retrieval scan and merge) fuses into a few kernels instead of ~30 per tree level.
+
+    Args:
+        draft: an attached `LongSpecDraft`. ring: its `DraftRingCache`.
+        tokens: (capacity,) int64, the sequence's token buffer. committed: (,) int64, C (the root is token C).
+        target_keys, target_values: (1, n_kv_heads, bucket + TAIL, head_dim), the target's last layer.
+        tail_mask: (TAIL,) bool, which rows of the last block are committed. feature: (1, 1, hidden) or None.
+        beam_widths: tree shape. retrieval_tokens: retrieval chain length (0: none).
+        vocab: the draft's vocabulary for this call, or None (the whole vocabulary).
+    Returns: the `DraftTree` (static size).
+    Reference: LongSpec §3.3; module docstring.
+    """
+    if beam_widths:  # retrieval alone never runs the draft
+        positions = (committed + torch.arange(-(len(beam_widths) + 1), 0, device=tokens.device)).clamp(min=0)
+        ring.store_tokens(draft, tokens[positions], positions)
+    tree = grow_tree(draft, ring, tokens[committed.view(1)], committed, target_keys, target_values, beam_widths,
+                     target_tail_mask=tail_mask, target_hidden=feature, vocab=vocab)
+    if retrieval_tokens:
+        tree = add_retrieval_branch(tree, *longest_match_continuation(tokens, committed, retrieval_tokens))
+    return tree
+
+
+def _compile_regions(target) -> dict[type, tuple[str, object]]:
+    """{module class: (method name, its `torch.compile`d function)} for the target's decoder layers (the classes
+    named in `_no_split_modules`, transformers' list of its repeated blocks). Layers that carry an instance-level
+    `forward` (accelerate hooks, e.g. `device_map`) are left eager by `_compiled_regions`.
     """
     names = set(getattr(target, "_no_split_modules", None) or ())
     layers = {type(m) for m in target.modules() if type(m).__name__ in names}
-    compiled = {cls: ("forward", torch.compile(cls.forward)) for cls in layers}
-    compiled[type(draft)] = ("step", torch.compile(type(draft).step))
-    return compiled
+    return {cls: ("forward", torch.compile(cls.forward)) for cls in layers}
+
+
+def _compile_draft_phase():
+    """`draft_phase` compiled (one region for the whole draft side of a step; dynamo keeps its code per tree shape)."""
+    return torch.compile(draft_phase)
 
 
 def _weight_storage(target, draft) -> tuple:
@@ -449,4 +493,4 @@ class StepClock:
         return [b - a for a, b in zip(self.points, self.points[1:])]
 
 
-__all__ = ["GreedyStep", "StaticTreeStep", "StepClock", "TAIL"]
+__all__ = ["GreedyStep", "StaticTreeStep", "StepClock", "TAIL", "draft_phase"]

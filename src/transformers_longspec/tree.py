@@ -80,7 +80,7 @@ def _window_visible(ring: DraftRingCache, query_position: torch.Tensor) -> torch
 
 
 def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, target_keys, target_values,
-              beam_widths, target_tail_mask=None, target_hidden=None) -> DraftTree:
+              beam_widths, target_tail_mask=None, target_hidden=None, vocab=None) -> DraftTree:
     """Grow a draft tree from `root` by dynamic beam search over cumulative draft log-probability.
 
     Depth d keeps the `beam_widths[d-1]` best (parent, token) pairs among all children of depth d-1; a branch
@@ -97,6 +97,7 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
         beam_widths: tuple of positive ints.
         target_hidden: (1, 1, hidden), the target's final hidden state at position root_position - 1 (the one that
             chose the root), read by every level of a draft with `config.target_hidden_input`; else None.
+        vocab: a `vocabulary.DraftVocabulary` the draft proposes from (None: the whole vocabulary).
     Returns: `DraftTree` on the draft's device.
     Reference: LongSpec §3.3.
     """
@@ -113,24 +114,29 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
     for d in range(len(beam_widths)):
         start, end = ranges[d]
         log_probs = _draft_level(draft, ring, tokens, ancestors, start, end, root_position + d,
-                                 target_keys, target_values, target_tail_mask, target_hidden)
+                                 target_keys, target_values, target_tail_mask, target_hidden, vocab)
         width = beam_widths[d]
         # the best `width` children overall are among each parent's best `width`: top-k per row first, then one
         # top-k over n * width candidates instead of n * vocab (the same set; much less work for a 150k vocab)
         row_best, row_tokens = log_probs.topk(min(width, log_probs.shape[-1]), dim=-1)
+        if vocab is not None:  # slots of the draft's vocabulary → token ids
+            row_tokens = vocab.ids[row_tokens]
         best, pick = (scores[start:end, None] + row_best).flatten().topk(width)
         new_start, new_end = ranges[d + 1]
         parent = start + pick // row_best.shape[1]
         tokens[new_start:new_end] = row_tokens.flatten()[pick]
         parents[new_start:new_end] = parent
         scores[new_start:new_end] = best
-        ancestors[new_start:new_end] |= ancestors[parent]
+        # (index_copy_ rather than `ancestors[a:b] |= ...`: the same values; inductor's CPU code for the latter fails)
+        new_rows = torch.arange(new_start, new_end, device=device)
+        ancestors.index_copy_(0, new_rows, ancestors[new_start:new_end] | ancestors[parent])
     return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores)
 
 
 def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_keys, target_values, tail_mask,
-                 target_hidden):
-    """Run the draft on tree nodes [start, end) (all at `position`); store their K/V; return (n, vocab) log-probs."""
+                 target_hidden, vocab):
+    """Run the draft on tree nodes [start, end) (all at `position`); store their K/V; return (n, vocab or vocab
+    slots) log-probs."""
     n = end - start
     device = tokens.device
     position = torch.as_tensor(position, device=device)
@@ -142,7 +148,7 @@ def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_ke
     past_v = torch.cat([ring.ring_values, ring.tree_values[:, :, :start]], dim=2)
     positions = position.expand(1, n)
     log_probs, k, v = draft.step(tokens[None, start:end], positions, past_k, past_v, mask, target_keys, target_values,
-                                 tail_mask, target_hidden)
+                                 tail_mask, target_hidden, vocab)
     ring.tree_keys[:, :, start:end] = k
     ring.tree_values[:, :, start:end] = v
     return log_probs[0]

@@ -10,6 +10,10 @@ retrieval branch of R tokens:
   call (a few forwards at T = 1 ... 128, interpolated). On a GPU it is nearly flat up to ~100 tokens; on a CPU it
   grows almost linearly, which is why a 69-node tree there costs ~20 plain steps.
 * c_draft(w): seconds of growing that tree with the draft, measured the same way.
+* The draft's share is then calibrated by the calls themselves: the first costs are measured with eager forwards, but
+  with static shapes the draft runs as one replayed CUDA graph, relatively much cheaper than an eager draft next to an
+  eager verification. After each call, the draft's seconds per step over the verification's, as measured inside the
+  decode loop, divided by the same ratio from the measured costs, scales every c_draft (`draft_scale`).
 * τ̂ = 1 + Σ_d Π_{i<=d} a_i + g: depth d of the tree holds the target's token with probability a_d = 1 − (1 − p)^√b_d,
   b_d = max(1, w_d / w_{d−1}) candidates per parent (more candidates, diminishing returns); p is the draft's
   top-1 acceptance, g the tokens per step the retrieval branch adds. Both start from priors (p = 0.5, g = 0.2) and
@@ -136,11 +140,14 @@ class TreePolicy:
             [w for w in LADDER if len(w) <= len(largest) and sum(w) <= sum(largest)] + [tuple(largest)]))
         self.costs: dict[tuple, TreeCosts] = {}
         self.acceptance, self.retrieval_gain = PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN
+        self.draft_scale = 1.0  # observed draft / verification time per step over the measured ratio (calls so far)
+        self._key = None  # the costs of the last `choose`
 
     def predicted_speedup(self, widths, retrieval_tokens: int, costs: TreeCosts) -> float:
         """τ̂ × (plain step seconds) / (draft + verification seconds) for a shape and a retrieval length."""
         gain = self.retrieval_gain if retrieval_tokens else 0.0
-        step = costs.draft.get(tuple(widths), 0.0) + costs.verify_s(1 + sum(widths) + retrieval_tokens)
+        draft_s = self.draft_scale * costs.draft.get(tuple(widths), 0.0)
+        step = draft_s + costs.verify_s(1 + sum(widths) + retrieval_tokens)
         return expected_tau(widths, self.acceptance, gain) * costs.verify_s(1) / step
 
     def choose(self, target, draft, retrieval_options) -> tuple[tuple[int, ...], int]:
@@ -154,14 +161,26 @@ class TreePolicy:
         key = (id(target), param.device, param.dtype)
         if key not in self.costs:
             self.costs[key] = measure_costs(target, draft, self.candidates)
+        self._key = key
         options = [(w, r) for w in self.candidates for r in retrieval_options]
         return max(options, key=lambda o: self.predicted_speedup(o[0], o[1], self.costs[key]))
 
-    def observe(self, widths, retrieval_tokens: int, accepted_lengths, retrieval_accepted: int) -> None:
-        """Update the acceptance estimates from a finished call (half weight to the new call; >= 4 steps)."""
+    def calibrate(self, widths, retrieval_tokens: int, draft_s: float, verify_s: float) -> None:
+        """Move `draft_scale` halfway to (observed draft / verification seconds) / (the same ratio from the measured
+        costs) for the shape a call used (no-op without both times or without costs for that shape)."""
+        costs = self.costs.get(self._key)
+        if widths and costs is not None and tuple(widths) in costs.draft and draft_s > 0 and verify_s > 0:
+            measured = costs.draft[tuple(widths)] / costs.verify_s(1 + sum(widths) + retrieval_tokens)
+            self.draft_scale = 0.5 * self.draft_scale + 0.5 * (draft_s / verify_s) / measured
+
+    def observe(self, widths, retrieval_tokens: int, accepted_lengths, retrieval_accepted: int,
+                draft_s: float = 0.0, verify_s: float = 0.0) -> None:
+        """Update the acceptance estimates and the draft's cost scale from a finished call (half weight to the new
+        call; >= 4 steps). `draft_s` / `verify_s`: the call's seconds in the draft and the verification phases."""
         steps = len(accepted_lengths)
         if steps < 4:
             return
+        self.calibrate(widths, retrieval_tokens, draft_s, verify_s)
         gain = retrieval_accepted / steps
         if retrieval_tokens:
             self.retrieval_gain = 0.5 * self.retrieval_gain + 0.5 * gain

@@ -1,6 +1,7 @@
 """The training levers of issue 12 on tiny targets: soft distillation, init from the target, long / mixed rows."""
 
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -89,6 +90,10 @@ def test_mixed_items_with_long_and_chat_rows_train(tmp_path, fake_site):
     chat = [item for item in train + held if item["labels"][0, 0] == -100]
     assert chat and all((item["labels"] != -100).sum() <= 4 * 4 for item in chat)  # answers only
     assert summary["counts"]["chat_rows"] == 4 and summary["skipped_evaluation"]
+    repeated, _, _ = build_mix(MixSpec(**{**asdict(spec), "chat_repeat": 3}), tok, target)  # greedy: the same answers
+    assert len(repeated) == len(train) + 2 * len([item for item in train if item["labels"][0, 0] == -100])
+    with pytest.raises(ValueError, match="chat_repeat must be an int >= 1"):
+        MixSpec(chat_repeat=0)
     args = _args(tmp_path, per_device_train_batch_size=1, per_device_eval_batch_size=1, max_steps=8,
                  anchor_max_length=64, distill_labels=True)
     before, after, _ = _train(target, args, rows=train, collator=StepCollator())

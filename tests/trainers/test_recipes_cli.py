@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from transformers_longspec import LongSpecDraft
 from transformers_longspec.cli.train import add_train_parser
@@ -156,3 +157,25 @@ def test_cli_user_errors(tmp_path):
     with pytest.raises(ValueError, match="KEY=VALUE"):
         _run(["--target", "smollm2", "--recipe", "stage1", "--output", str(tmp_path / "o"), "--set", "oops",
               "--device", "cpu"])
+
+
+@pytest.mark.filterwarnings("ignore:recipe data. packages")
+def test_cli_gives_the_draft_the_most_frequent_tokens_of_its_data(tmp_path):
+    """`draft.draft_vocab_size` in a recipe: the saved draft proposes from the tokens most frequent in its training
+    rows (`vocabulary.py`), and decodes exactly."""
+    target = make_target("qwen2")
+    target.save_pretrained(tmp_path / "target")
+    make_char_tokenizer().save_pretrained(tmp_path / "target")
+    recipe = tmp_path / "vocab.json"
+    recipe.write_text(json.dumps({**TINY_RECIPE, "draft": {"sliding_window": 16, "draft_vocab_size": 20},
+                                  "data": {**TINY_RECIPE["data"], "eval_sequences": 0}}))
+    _run(["--target", str(tmp_path / "target"), "--recipe", str(recipe), "--device", "cpu", "--output",
+          str(tmp_path / "d"), "--max-steps", "1"])
+    draft = LongSpecDraft.from_pretrained(tmp_path / "d", target_model=target)
+    rows, _, _ = build_datasets(load_recipe(recipe).data, AutoTokenizer.from_pretrained(tmp_path / "target"))
+    counts = torch.bincount(torch.cat([row["input_ids"] for row in rows]), minlength=99)
+    assert draft.config.draft_vocab_size == 20 and counts[draft.draft_vocab].min() >= counts.sort().values[-20]
+    ids = torch.randint(3, 99, (1, 12), generator=torch.Generator().manual_seed(0))
+    spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=8)
+    assert torch.equal(spec, target.generate(ids, do_sample=False, max_new_tokens=8))
+    assert draft.last_generation_stats.draft_vocab_tokens >= 20

@@ -217,10 +217,21 @@ def _build_model(args, recipe, target):
 
     if args.draft:  # checked in _check_train_args before anything loaded
         draft = LongSpecDraft.from_pretrained(args.draft, target_model=target, dtype=torch.float32)
-    else:
-        draft = LongSpecDraft.from_target(target, **recipe.draft)
+    else:  # a draft vocabulary is set from the data once it is built (`_set_draft_vocabulary`)
+        draft = LongSpecDraft.from_target(target, **{k: v for k, v in recipe.draft.items() if k != "draft_vocab_size"})
     draft = draft.to(device=next(target.parameters()).device, dtype=torch.float32)
     return add_lora_to_draft(draft, r=args.lora_r, alpha=args.lora_alpha) if args.lora else draft
+
+
+def _set_draft_vocabulary(model, size: int, rows) -> None:
+    """With the recipe's `draft.draft_vocab_size` = n > 0: the draft proposes from the n tokens most frequent in its
+    training rows (`vocabulary.py`), unless a continued draft already has a vocabulary of that size."""
+    from transformers_longspec.trainers import unwrap_draft
+    from transformers_longspec.vocabulary import frequent_tokens
+
+    draft = unwrap_draft(model)
+    if size and draft.config.draft_vocab_size != size:
+        draft.set_draft_vocabulary(frequent_tokens(rows, size, draft.config.vocab_size))
 
 
 def run_train(args) -> dict:
@@ -261,6 +272,7 @@ def run_train(args) -> dict:
     timings = {"load_s": time.perf_counter() - start}
     train_rows, eval_rows, collator = build_datasets(recipe.data, tokenizer, target)
     timings["data_s"] = time.perf_counter() - start - timings["load_s"]
+    _set_draft_vocabulary(model, recipe.draft.get("draft_vocab_size", 0), train_rows)
     print(f"longspec train: recipe {recipe.name}, {len(train_rows)} training rows, "
           f"{len(eval_rows or [])} eval rows, {recipe.data.seq_length} tokens per row "
           f"(load {timings['load_s']:.1f} s, data {timings['data_s']:.1f} s)")

@@ -1,0 +1,94 @@
+"""Where a draft training step's time goes (GPU; random weights of Qwen2.5-1.5B's shape, no data needed).
+
+    python benchmarks/train_profile.py --out train_profile.json
+
+One step of `LongSpecTrainer.compute_loss` + backward + AdamW, as the mixed recipe runs it (bf16 autocast, fp32 draft
+weights, the draft reading the target's hidden state, argmax labels + top-16 soft labels, flash noise j = 2), split
+by CUDA events into: the frozen target's decoder pass, its LM head top-k, the draft's forward, the loss (LM-head
+chunks), the backward and the optimizer step. Two batch layouts of 16,384 tokens: 16 short rows of 1,024
+(anchor-offset positions) and one long row. Prints ms per phase and tokens per second; the mean of 5 steps after 2
+warm-up steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from step_profile import random_target
+
+from transformers_longspec import LongSpecDraft
+from transformers_longspec.trainers import target_last_layer_kv
+from transformers_longspec.trainers.soft_labels import soft_distill_loss, target_topk
+
+PHASES = ("target", "target_topk", "draft_forward", "loss", "backward", "optimizer")
+
+
+def one_step(target, draft, optimizer, ids, positions, marks) -> None:
+    """compute_loss + backward + optimizer step, with a CUDA event after each phase appended to `marks`."""
+    def mark():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        marks.append(event)
+
+    mark()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        keys, values, hidden = target_last_layer_kv(target, ids, positions, return_hidden=True)
+        mark()
+        top_logits, top_ids = target_topk(target, hidden, 16)
+        labels = torch.full_like(ids, -100)
+        labels[:, 1:] = top_ids[:, :-1, 0]
+        mark()
+        out = draft(input_ids=ids, target_keys=keys, target_values=values, position_ids=positions,
+                    noise_offset=2, target_hidden=hidden)
+        mark()
+        loss = soft_distill_loss(draft.lm_logits, out.hidden_states, top_logits, top_ids, labels, 2, 512, 0.5)
+    mark()
+    loss.backward()
+    mark()
+    torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    mark()
+
+
+def profile(target, draft, rows: int, seq: int, steps: int = 5, warm_up: int = 2) -> dict:
+    """Mean ms per phase over `steps` steps of a (rows, seq) batch; positions 0.. (long) or offset (short rows)."""
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-4, fused=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.randint(100, 150000, (rows, seq), device="cuda", generator=g)
+    offset = 0 if rows == 1 else 8192  # anchor-offset: short rows sit at large positions
+    positions = (torch.arange(seq, device="cuda") + offset).expand(rows, seq)
+    totals = dict.fromkeys(PHASES, 0.0)
+    for step in range(warm_up + steps):
+        marks = []
+        one_step(target, draft, optimizer, ids, positions, marks)
+        torch.cuda.synchronize()
+        if step >= warm_up:
+            for name, a, b in zip(PHASES, marks, marks[1:]):
+                totals[name] += a.elapsed_time(b) / steps
+    step_ms = sum(totals.values())
+    return {"rows": rows, "seq": seq, "ms": totals, "step_ms": step_ms,
+            "tokens_per_s": rows * seq / step_ms * 1e3, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="train_profile.json")
+    args = parser.parse_args()
+    target = random_target("qwen2.5-1.5b").requires_grad_(False)
+    draft = LongSpecDraft.from_target(target, target_hidden_input=True).to(device="cuda", dtype=torch.float32)
+    draft.train()
+    rows = [profile(target, draft, 16, 1024), profile(target, draft, 1, 16384)]
+    for row in rows:
+        phases = " + ".join(f"{name} {ms:.0f}" for name, ms in row["ms"].items())
+        print(f"{row['rows']} x {row['seq']}: {row['step_ms']:.0f} ms/step = {phases} ms; "
+              f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_gib']:.1f} GiB")
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
