@@ -154,7 +154,7 @@ case "${1:-}" in
   train)
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
       MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \
-      TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-1350}") --max-minutes $(dry 1 "${TRAIN_MIN:-7}")" \
+      TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-2000}") --max-minutes $(dry 1 "${TRAIN_MIN:-7}")" \
       bash benchmarks/gpu_train_mix.sh ;;
   tau)  # the Qwen draft ($2; none: an untrained one) on held-out and public documents
     pkg /tmp/pkg-tau

@@ -17,11 +17,12 @@ Backends, first match wins (all compute the same function; only speed and roundi
        q (batch, n_heads, q_len, head_dim) → view (batch, n_kv_heads, group·q_len, head_dim), group =
        n_heads // n_kv_heads, so K/V are never repeated. This is exact because there is no mask: every packed row
        sees the same keys. The returned logsumexp is sliced to the packed q length (some builds pad it).
-    3. on a CPU in fp32 / bf16: torch's CPU flash kernel `aten._scaled_dot_product_flash_attention_for_cpu`
-       (blockwise, returns the logsumexp), GQA packed as in 2: 6-15x faster than 4 for 1-80 queries over 4.5k keys
-       (2 cores), which keeps a LongSpec verification on a CPU close to a plain decode step.
-    4. otherwise (fp16 on a CPU, fp32 on a GPU, other head dims, older GPUs) `prefix_attn_ref`: exact, but it
-       repeats K/V per query head and materialises the (batch, n_heads, q_len, kv_len) fp32 score matrix.
+    3. on a CPU in fp32: torch's CPU flash kernel `aten._scaled_dot_product_flash_attention_for_cpu` (blockwise,
+       returns the logsumexp), GQA packed as in 2: 6-15x faster than 4 for 1-80 queries over 4.5k keys (2 cores),
+       which keeps a LongSpec verification on a CPU close to a plain decode step. (In bf16 its rounding differs
+       from the fp32-upcast reference enough to flip tiny models' greedy near-ties: bf16 on a CPU keeps 4.)
+    4. otherwise (bf16 / fp16 on a CPU, fp32 on a GPU, other head dims, older GPUs) `prefix_attn_ref`: exact, but
+       it repeats K/V per query head and materialises the (batch, n_heads, q_len, kv_len) fp32 score matrix.
 Dtypes: float16, bfloat16, float32; fp32 accumulation in every backend; out has q's dtype.
 Empty prefix: kv_len == 0 gives out = 0 and lse = -inf, which `merge_attention_states` treats as "no prefix".
 Departures from `prefix_attn_ref`: the flash backends use blockwise online softmax with fp16/bf16 probabilities
@@ -127,7 +128,7 @@ def prefix_attn(
     if kv_len == 0 or q.numel() == 0:
         return torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
     if not _flash_kernel_fits(q):
-        if q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16):
+        if q.device.type == "cpu" and q.dtype == torch.float32:
             k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
             return _pack_gqa(_sdpa_flash_cpu, q, k, v, scale)
         return prefix_attn_ref(q, k, v, scale)

@@ -46,6 +46,29 @@ def test_choice_follows_the_costs():
     assert flat.choose(target, draft, (0, 10)) == (DEFAULT, 10)  # free verification: the largest tree, retrieval on
 
 
+def test_the_previous_choice_stays_unless_another_is_clearly_faster():
+    """A new shape costs a compile and new graphs: a shape predicted < SWITCH_GAIN times faster does not replace the
+    previous call's; one predicted clearly faster does."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+    policy = TreePolicy(DEFAULT)
+    key = (id(target), torch.device("cpu"), torch.float32)
+    costs = policy.costs[key] = TreeCosts(verify={1: 1.0, 160: 1.0}, draft={w: 0.5 * len(w) for w in policy.candidates
+                                                                            if w})
+    first = policy.choose(target, draft, (0,))
+    other = next(w for w in policy.candidates if w not in ((), first[0]))
+
+    def make_faster(widths, factor):  # the draft cost at which `widths` is `factor` times the first choice's speed
+        target_speed = factor * policy.predicted_speedup(first[0], 0, costs)
+        costs.draft[widths] = expected_tau(widths, policy.acceptance) / target_speed - costs.verify_s(1)
+
+    make_faster(other, 1.05)
+    assert policy.predicted_speedup(other, 0, costs) > policy.predicted_speedup(first[0], 0, costs)
+    assert policy.choose(target, draft, (0,)) == first
+    make_faster(other, 1.2)
+    assert policy.choose(target, draft, (0,)) == (other, 0)
+
+
 def test_observe_learns_acceptance_and_retrieval_gain():
     policy = TreePolicy(DEFAULT)
     policy.observe(DEFAULT, 10, [1, 1, 1, 1, 1, 1], 0)  # nothing accepted

@@ -50,7 +50,10 @@ class LongSpecStats:
         prompt_tokens, new_tokens: tokens.
         target_forwards: target forward passes, the prefill included.
         accepted_lengths: tokens emitted by each verification step (accepted drafts + bonus), in order.
-        prefill_s, draft_s, verify_s, total_s: wall-clock seconds (CUDA synchronised at phase boundaries).
+        prefill_s, draft_s, verify_s, total_s: wall-clock seconds (CUDA synchronised at phase boundaries); draft_s and
+            verify_s count the steps replayed or run as they are, not those that captured a CUDA graph pair.
+        capture_steps, capture_s: steps that captured a CUDA graph pair (the first step in each new 512-token
+            stretch of the context; on a process's first call it also compiles), and their seconds.
         beam_widths: the tree shape used. retrieval_tokens: length of the retrieval branch (0: none).
         draft_vocab_tokens: tokens the draft proposed from (its own vocabulary plus the prompt's tokens,
             `vocabulary.py`); 0 = the whole vocabulary.
@@ -66,6 +69,8 @@ class LongSpecStats:
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    capture_steps: int = 0
+    capture_s: float = 0.0
     total_s: float = 0.0
     beam_widths: tuple[int, ...] = ()
     retrieval_tokens: int = 0
@@ -394,9 +399,13 @@ def _greedy_steps_on_device(engine: StaticTreeStep, output: _Output, stats: Long
 
 
 def _count_step(stats: LongSpecStats, clock: StepClock, emitted: int) -> None:
-    """Add one verification step that emitted `emitted` tokens, and its draft / verification times, to `stats`."""
+    """Add one verification step that emitted `emitted` tokens, and its draft / verification times (or, for a step
+    that captured graphs, its capture time), to `stats`."""
     draft_s, verify_s = clock.seconds()
-    stats.draft_s, stats.verify_s = stats.draft_s + draft_s, stats.verify_s + verify_s
+    if clock.captured:
+        stats.capture_steps, stats.capture_s = stats.capture_steps + 1, stats.capture_s + draft_s + verify_s
+    else:
+        stats.draft_s, stats.verify_s = stats.draft_s + draft_s, stats.verify_s + verify_s
     stats.target_forwards += 1
     stats.accepted_lengths.append(emitted)
 

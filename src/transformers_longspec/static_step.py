@@ -252,7 +252,8 @@ class StaticTreeStep:
         with torch.cuda.stream(stream):
             tree, out = self._eager_step(bucket, accept_greedy)
         torch.cuda.synchronize(self.device)
-        events.mark()  # the eager first step of a bucket (and its capture) is reported as draft time
+        events.mark()  # the eager first step of a bucket and its capture: `LongSpecStats.capture_s`
+        events.captured = True
         while len(self._graphs) >= MAX_GRAPHS:
             self._graphs.popitem(last=False)
         draft_graph, verify_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
@@ -475,6 +476,7 @@ class StepClock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.points = []
+        self.captured = False  # the step captured its graph pair (its time is capture, not draft + verification)
         self.mark()
 
     def mark(self) -> None:

@@ -41,6 +41,7 @@ from .tree import grow_tree
 
 LADDER = ((), (1,), (1, 1), (1, 1, 1), (2, 2, 2), (2, 2, 2, 2), (4, 4, 4, 4), (4, 8, 8, 8), (4, 16, 16, 16, 16))
 PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN = 0.5, 0.2
+SWITCH_GAIN = 1.1  # another shape replaces the previous call's only if predicted this many times faster
 _VERIFY_POINTS = (1, 8, 32, 96, 160)  # tokens per measured target forward
 
 
@@ -141,7 +142,7 @@ class TreePolicy:
         self.costs: dict[tuple, TreeCosts] = {}
         self.acceptance, self.retrieval_gain = PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN
         self.draft_scale = 1.0  # observed draft / verification time per step over the measured ratio (calls so far)
-        self._key = None  # the costs of the last `choose`
+        self._key, self._last = None, None  # the costs and the choice of the last `choose`
 
     def predicted_speedup(self, widths, retrieval_tokens: int, costs: TreeCosts) -> float:
         """τ̂ × (plain step seconds) / (draft + verification seconds) for a shape and a retrieval length."""
@@ -151,7 +152,9 @@ class TreePolicy:
         return expected_tau(widths, self.acceptance, gain) * costs.verify_s(1) / step
 
     def choose(self, target, draft, retrieval_options) -> tuple[tuple[int, ...], int]:
-        """(beam_widths, retrieval_tokens) with the highest predicted speed-up; measures costs on first use.
+        """(beam_widths, retrieval_tokens) with the highest predicted speed-up; measures costs on first use. The
+        previous call's choice is kept unless another is predicted `SWITCH_GAIN` times faster: a new shape costs a new
+        compiled draft phase and new graphs, and estimates move a little with every call.
 
         Args:
             retrieval_options: retrieval lengths to consider (tokens): the call's own, or (0, the default) when the
@@ -163,7 +166,12 @@ class TreePolicy:
             self.costs[key] = measure_costs(target, draft, self.candidates)
         self._key = key
         options = [(w, r) for w in self.candidates for r in retrieval_options]
-        return max(options, key=lambda o: self.predicted_speedup(o[0], o[1], self.costs[key]))
+        speed = {o: self.predicted_speedup(o[0], o[1], self.costs[key]) for o in options}
+        best = max(options, key=speed.get)
+        if self._last in speed and speed[best] < SWITCH_GAIN * speed[self._last]:
+            best = self._last
+        self._last = best
+        return best
 
     def calibrate(self, widths, retrieval_tokens: int, draft_s: float, verify_s: float) -> None:
         """Move `draft_scale` halfway to (observed draft / verification seconds) / (the same ratio from the measured
