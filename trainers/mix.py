@@ -56,6 +56,13 @@ class MixSpec:
         long_kinds: token fractions of the long rows per kind.
         chat_prompts: chat self-distillation prompts (0 = none).
         chat_prompt_chars: (min, max) characters of document per prompt.
+        chat_long_prompts: chat prompts over LONG documents (neighbouring files of one package joined,
+            `repository_documents`; 0 = none): the target's answers after a document of `chat_long_prompt_chars`
+            characters (24k-56k: ~7k-16k tokens), so the draft learns what the target writes with a long cache to
+            read, as in a long-context chat (short prompts teach the answers' voice, not that). Generated after the
+            short prompts, in batches of as many prompt tokens (chat_batch_size x the short and long maxima's ratio),
+            within what remains of `chat_time_budget_s`.
+        chat_long_prompt_chars: (min, max) characters of document per long prompt.
         chat_max_new_tokens: answer length at most.
         chat_batch_size: prompts per `generate` call.
         chat_time_budget_s: stop generating after this many seconds (None = no limit).
@@ -90,6 +97,8 @@ class MixSpec:
     long_kinds: dict = field(default_factory=lambda: {"python": 0.4, "c_cpp": 0.4, "docs": 0.2})
     chat_prompts: int = 0
     chat_prompt_chars: list = field(default_factory=lambda: [3000, 9000])
+    chat_long_prompts: int = 0
+    chat_long_prompt_chars: list = field(default_factory=lambda: [24000, 56000])
     chat_max_new_tokens: int = 384
     chat_batch_size: int = 64
     chat_time_budget_s: float | None = None
@@ -115,7 +124,7 @@ class MixSpec:
         bad = sorted(set(self.chat_kinds) - set(DOC_KINDS))
         if bad:
             raise ValueError(f"data.mix.chat_kinds: unknown kinds {bad}; choose from {DOC_KINDS}")
-        counts = ("short_rows", "long_rows", "chat_prompts", "eval_items")
+        counts = ("short_rows", "long_rows", "chat_prompts", "chat_long_prompts", "eval_items")
         if any(getattr(self, n) < 0 for n in counts):
             raise ValueError(f"data.mix: {counts} must be >= 0, got {[getattr(self, n) for n in counts]}")
         if self.short_seq_length < 2 or self.short_rows_per_step < 1:
@@ -123,6 +132,11 @@ class MixSpec:
         if self.long_rows and not 2 <= self.long_min_length <= self.long_seq_length:
             raise ValueError(f"data.mix: need 2 <= long_min_length <= long_seq_length, got {self.long_min_length}, "
                              f"{self.long_seq_length}")
+        for name in ("chat_prompt_chars", "chat_long_prompt_chars"):
+            low, high = getattr(self, name)
+            if not 0 < low <= high:
+                raise ValueError(f"data.mix.{name} must be [min, max] characters with 0 < min <= max, got "
+                                 f"{getattr(self, name)}")
         if isinstance(self.chat_repeat, bool) or not isinstance(self.chat_repeat, int) or self.chat_repeat < 1:
             raise ValueError(f"data.mix.chat_repeat must be an int >= 1, got {self.chat_repeat!r}")
         if self.chat_loss not in ("answer", "all"):
@@ -268,27 +282,45 @@ def short_and_long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> tuple[l
 
 
 def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict]:
-    """Chat self-distillation rows: prompts over corpus documents, the target's greedy answers (cached in
-    `spec.chat_cache`). Returns a list of {"input_ids", "labels"} (lists of int64; labels -100 off the answers)."""
-    per_kind = max(1, spec.chat_prompts // max(len(spec.chat_kinds), 1))
-    documents = []
+    """Chat self-distillation rows: prompts over corpus documents (short ones, then long ones), the target's greedy
+    answers (cached in `spec.chat_cache`). Returns a list of {"input_ids", "labels"} (lists of int64; labels -100 off
+    the answers)."""
+    start, rows = time.perf_counter(), []
+    for count, chars, long in ((spec.chat_prompts, spec.chat_prompt_chars, False),
+                               (spec.chat_long_prompts, spec.chat_long_prompt_chars, True)):
+        if not count:
+            continue
+        before, documents = len(rows), _chat_documents(spec, count, chars, long, stats)
+        prompt_ids = render_prompts(tokenizer, chat_prompts(documents, count, tuple(chars), seed=spec.seed + long))
+        batch = max(1, spec.chat_batch_size * spec.chat_prompt_chars[1] // chars[1])  # tokens per batch kept
+        budget = spec.chat_time_budget_s
+        budget = None if budget is None else max(budget - (time.perf_counter() - start), 0.0)
+        answers = generate_answers(target, tokenizer, prompt_ids, spec.chat_max_new_tokens, batch, budget,
+                                   spec.chat_cache)
+        rows += chat_distill_rows(prompt_ids, answers, spec.chat_loss)
+        stats.documents["chat_long_rows" if long else "chat_rows"] = len(rows) - before
+    stats.documents["chat_generate_s"] = round(time.perf_counter() - start, 1)
+    return rows
+
+
+def _chat_documents(spec: MixSpec, count: int, chars, long: bool, stats: CorpusStats) -> list[tuple[str, str]]:
+    """(kind, text) documents for `count` chat prompts of `chars` = (min, max) characters, the kinds of
+    `spec.chat_kinds` in turn: corpus documents, or joined neighbouring files of one package (`long`)."""
+    per_kind, documents = max(1, count // max(len(spec.chat_kinds), 1)), []
     for kind in spec.chat_kinds:
-        docs = corpus_documents(kind, spec.roots, min_chars=spec.chat_prompt_chars[0], max_chars=100_000,
-                                seed=spec.seed + 1, system_docs=spec.system_docs, stats=stats)
+        if long:
+            docs = repository_documents(kind, spec.roots, min_chars=chars[0], max_chars=2 * chars[1],
+                                        seed=spec.seed + 2, stats=stats)
+        else:
+            docs = corpus_documents(kind, spec.roots, min_chars=chars[0], max_chars=100_000, seed=spec.seed + 1,
+                                    system_docs=spec.system_docs, stats=stats)
         documents.extend((kind, d) for d in itertools.islice(docs, per_kind))
     random.Random(spec.seed).shuffle(documents)
     if not documents:
-        raise ValueError("chat self-distillation found no documents of kinds "
-                         f"{spec.chat_kinds} (min {spec.chat_prompt_chars[0]} characters); lower chat_prompt_chars")
-    prompts = chat_prompts(documents, spec.chat_prompts, tuple(spec.chat_prompt_chars), seed=spec.seed)
-    prompt_ids = render_prompts(tokenizer, prompts)
-    start = time.perf_counter()
-    answers = generate_answers(target, tokenizer, prompt_ids, spec.chat_max_new_tokens, spec.chat_batch_size,
-                               spec.chat_time_budget_s, spec.chat_cache)
-    stats.documents["chat_generate_s"] = round(time.perf_counter() - start, 1)
-    rows = chat_distill_rows(prompt_ids, answers, spec.chat_loss)
-    stats.documents["chat_rows"] = len(rows)
-    return rows
+        name = "chat_long_prompt_chars" if long else "chat_prompt_chars"
+        raise ValueError(f"chat self-distillation found no documents of kinds {spec.chat_kinds} (min {chars[0]} "
+                         f"characters); lower {name}")
+    return documents
 
 
 def read_user_jsonl(path: str | Path) -> list[dict]:
@@ -345,8 +377,9 @@ def build_mix(spec: MixSpec, tokenizer, target=None) -> tuple[list[dict], list[d
     Raises: ValueError if chat prompts are asked for without a target or nothing was built.
     Reference: LongSpec §4.1.
     """
-    if spec.chat_prompts and target is None:
-        raise ValueError("data.mix.chat_prompts > 0 needs the target model to generate the answers")
+    chat = spec.chat_prompts or spec.chat_long_prompts
+    if chat and target is None:
+        raise ValueError("data.mix.chat_prompts / chat_long_prompts > 0 need the target model to generate the answers")
     stats, pad_id, start = CorpusStats.empty(), _pad_token_id(tokenizer), time.perf_counter()
     budget = spec.short_rows_per_step * spec.short_seq_length
     short, long_rows = short_and_long_rows(spec, tokenizer, stats)
@@ -357,8 +390,7 @@ def build_mix(spec: MixSpec, tokenizer, target=None) -> tuple[list[dict], list[d
         "short": [_item(short[i : i + spec.short_rows_per_step], pad_id)
                   for i in range(0, len(short) - spec.short_rows_per_step + 1, spec.short_rows_per_step)],
         "long": [_item([row], pad_id) for row in long_rows],
-        "chat": _by_budget((chat_rows(spec, tokenizer, target, stats) if spec.chat_prompts else []) + jsonl_chat,
-                           budget, pad_id),
+        "chat": _by_budget((chat_rows(spec, tokenizer, target, stats) if chat else []) + jsonl_chat, budget, pad_id),
     }
     train, held = [], []
     for name, items in groups.items():

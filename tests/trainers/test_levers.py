@@ -94,6 +94,26 @@ def test_mixed_items_with_long_and_chat_rows_train(tmp_path, fake_site):
     assert len(repeated) == len(train) + 2 * len([item for item in train if item["labels"][0, 0] == -100])
     with pytest.raises(ValueError, match="chat_repeat must be an int >= 1"):
         MixSpec(chat_repeat=0)
+    with pytest.raises(ValueError, match="chat_long_prompt_chars must be"):
+        MixSpec(chat_long_prompt_chars=[500, 100])
+
+
+def test_long_chat_prompts_are_answered_over_joined_files(tmp_path, fake_site):
+    """`chat_long_prompts`: prompts over long documents (`repository_documents`: a package's neighbouring files
+    joined), answered by the target and cached beside the short prompts' answers; their rows carry the whole long
+    prompt with the answer alone labelled."""
+    target, tok = make_target("qwen2"), make_char_tokenizer()
+    spec = MixSpec(short_rows=8, short_seq_length=32, short_rows_per_step=4, chat_prompts=2,
+                   chat_prompt_chars=[60, 120], chat_long_prompts=2, chat_long_prompt_chars=[2000, 2600],
+                   chat_max_new_tokens=4, chat_batch_size=4, chat_kinds=["python"], roots=[str(fake_site)],
+                   min_chars=100, system_docs=False, eval_items=0, chat_cache=str(tmp_path / "answers.jsonl"))
+    train, _, summary = build_mix(spec, tok, target)
+    assert summary["counts"]["chat_rows"] == 2 and summary["counts"]["chat_long_rows"] == 2
+    chat = [item for item in train if item["labels"][0, 0] == -100]
+    lengths = sorted(int(item["attention_mask"][r].sum()) for item in chat for r in range(item["labels"].shape[0]))
+    assert lengths[-1] > 2000 > 300 > lengths[0]  # two long prompts (joined files), two short ones
+    assert all((item["labels"] != -100).sum() <= 5 * item["labels"].shape[0] for item in chat)  # answers only
+    assert len((tmp_path / "answers.jsonl").read_text().splitlines()) == 4
     args = _args(tmp_path, per_device_train_batch_size=1, per_device_eval_batch_size=1, max_steps=8,
                  anchor_max_length=64, distill_labels=True)
     before, after, _ = _train(target, args, rows=train, collator=StepCollator())
