@@ -109,6 +109,9 @@ def test_bad_vocabulary_options_are_refused_with_the_fix():
         target.generate(ids, assistant_model=draft, max_new_tokens=4, longspec_draft_vocab=True)
     with pytest.raises(ValueError, match="longspec_draft_vocab must be True, False or None"):
         target.generate(ids, assistant_model=draft, max_new_tokens=4, longspec_draft_vocab="yes")
+    with pytest.raises(ValueError, match="longspec_static_shapes must be True, False or None"):
+        target.generate(ids, assistant_model=draft, max_new_tokens=4, longspec_static_shapes="yes")
+    assert "_tree_policy" not in draft.__dict__  # refused before any work: the default tree was not even timed
     with pytest.raises(ValueError, match="repeats token ids"):
         draft.set_draft_vocabulary(torch.tensor([4, 4]))
     with pytest.raises(ValueError, match=r"token ids in \[0, 99\)"):

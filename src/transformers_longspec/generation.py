@@ -279,10 +279,11 @@ def longspec_tree_decode(
     compat.check_generate_call(target, draft, input_ids, generation_config, model_kwargs, logits_processor)
     widths, n_retrieval = resolve_beam_widths(draft, generation_config, beam_widths), resolve_retrieval(
         generation_config, retrieval)
-    widths, n_retrieval, policy = _default_tree(target, draft, widths, n_retrieval)
-    use_vocab = resolve_draft_vocab(draft, generation_config, draft_vocab) and bool(widths)
+    use_vocab = resolve_draft_vocab(draft, generation_config, draft_vocab)  # every option checked before any work
     device = input_ids.device
     static_shapes, compile = _resolve_static_options(static_shapes, compile, generation_config, device)
+    widths, n_retrieval, policy = _default_tree(target, draft, widths, n_retrieval)
+    use_vocab = use_vocab and bool(widths)
     stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths, retrieval_tokens=n_retrieval)
     draft.last_generation_stats = stats
     timer = _Timer(device)
