@@ -40,6 +40,18 @@ def test_hybrid_equals_masked_attention(heads, kv_heads, head_dim, committed, tr
     assert err < 1e-5
 
 
+@pytest.mark.parametrize("committed,tree_size", [(0, 7), (37, 13), (700, 69)])
+def test_split_path_in_bf16_on_cpu(committed, tree_size):
+    """fp32 on a CPU is one SDPA call under the full mask (the test above); bf16 keeps the prefix / tree split."""
+    g = torch.Generator().manual_seed(tree_size)
+    q = torch.randn(1, 12, tree_size, 64, generator=g).bfloat16()
+    k = torch.randn(1, 2, committed + tree_size, 64, generator=g).bfloat16()
+    v = torch.randn(1, 2, committed + tree_size, 64, generator=g).bfloat16()
+    mask = _random_tree_mask(tree_size, g)
+    out = hybrid_tree_attention(q, k, v, mask, 0.125)
+    assert out.dtype == torch.bfloat16 and (out.double() - _reference(q, k, v, mask, 0.125)).abs().max() < 2e-2
+
+
 def test_hybrid_rejects_short_keys():
     q = torch.randn(1, 2, 5, 8)
     k = torch.randn(1, 2, 3, 8)

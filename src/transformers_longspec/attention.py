@@ -8,8 +8,10 @@ separately and merged exactly by their log-sum-exps:
       query i:  [ all visible, prefix kernel, returns LSE l1   | ancestors of i, masked kernel, LSE l2 ]
       out_i = o1 * exp(l1 - l) + o2 * exp(l2 - l),   l = logaddexp(l1, l2)
 
-so the O(T x C) part never materialises a mask. Calls without the `longspec_tree_mask` kwarg (prefill,
-anything else) are plain SDPA.
+so the O(T x C) part never materialises a mask. On a CPU in fp32, where a (T, C + T) boolean mask costs little and
+the split costs two extra passes over the cache per layer, the same attention is one SDPA call with the full mask
+(in bf16 / fp16 the split stays: the fused kernel's rounding would differ from it at near-ties).
+Calls without the `longspec_tree_mask` kwarg (prefill, anything else) are plain SDPA.
 
 Reference: LongSpec (arXiv 2502.17421) §3.4 (hybrid tree attention); transformers `AttentionInterface`.
 """
@@ -17,6 +19,7 @@ Reference: LongSpec (arXiv 2502.17421) §3.4 (hybrid tree attention); transforme
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .kernels import fused_mask_attn, fused_mask_attn_ref, merge_attention_states, prefix_attn, triton_available
@@ -55,6 +58,10 @@ def _hybrid_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tree
                scale: float) -> torch.Tensor:
     masked = tree_mask.shape[-1]
     prefix = key.shape[2] - masked
+    if query.device.type == "cpu" and query.dtype == torch.float32:  # one CPU kernel over [prefix; masked]
+        full = torch.cat([tree_mask.new_ones(tree_mask.shape[0], prefix), tree_mask], dim=1)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=full, scale=scale,
+                                              enable_gqa=query.shape[1] != key.shape[1]).contiguous()
     tree_attn = fused_mask_attn if _use_triton(query) else fused_mask_attn_ref
     out, lse_tree = tree_attn(query, key[:, :, prefix:], value[:, :, prefix:], tree_mask, scale)
     if prefix > 0:
