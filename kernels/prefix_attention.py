@@ -17,17 +17,13 @@ Backends, first match wins (all compute the same function; only speed and roundi
        q (batch, n_heads, q_len, head_dim) → view (batch, n_kv_heads, group·q_len, head_dim), group =
        n_heads // n_kv_heads, so K/V are never repeated. This is exact because there is no mask: every packed row
        sees the same keys. The returned logsumexp is sliced to the packed q length (some builds pad it).
-    3. on a CPU in fp32: torch's CPU flash kernel `aten._scaled_dot_product_flash_attention_for_cpu` (blockwise,
-       returns the logsumexp), GQA packed as in 2: 6-15x faster than 4 for 1-80 queries over 4.5k keys (2 cores),
-       which keeps a LongSpec verification on a CPU close to a plain decode step. (In bf16 its rounding differs
-       from the fp32-upcast reference enough to flip tiny models' greedy near-ties: bf16 on a CPU keeps 4.)
-    4. otherwise (bf16 / fp16 on a CPU, fp32 on a GPU, other head dims, older GPUs) `prefix_attn_ref`: exact, but
-       it repeats K/V per query head and materialises the (batch, n_heads, q_len, kv_len) fp32 score matrix.
+    3. otherwise (CPU, fp32, other head dims, older GPUs) `prefix_attn_ref`: exact, but it materialises the
+       (batch, n_heads, q_len, kv_len) fp32 score matrix.
 Dtypes: float16, bfloat16, float32; fp32 accumulation in every backend; out has q's dtype.
 Empty prefix: kv_len == 0 gives out = 0 and lse = -inf, which `merge_attention_states` treats as "no prefix".
 Departures from `prefix_attn_ref`: the flash backends use blockwise online softmax with fp16/bf16 probabilities
     before p·v; the GPU tests bound the error per STYLE B10.
-Tested: backends 3 and 4 and the GQA packing on CPU (torch 2.13); backend 2 on an NVIDIA H200 (torch 2.11), fp16/bf16,
+Tested: backend 3 and the GQA packing on CPU (torch 2.13); backend 2 on an NVIDIA H200 (torch 2.11), fp16/bf16,
     head dims 64/128/256, GQA 1/4/7/8, q_len 1-512, kv_len 333-4096, eager and torch.compile(fullgraph=True).
     Speed (H200, bf16, 32/8 heads, head_dim 128, CUDA graphs): q_len 16 over 4096 keys 18.6 µs; 512 over 4096
     115 µs.
@@ -84,15 +80,6 @@ def _sdpa_flash_equal_heads(
     return out, lse[..., : q.shape[2]]
 
 
-def _sdpa_flash_cpu(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's CPU flash kernel for n_heads == n_kv_heads; returns (out, lse (batch, heads, q_len) fp32)."""
-    # Schema: (query, key, value, dropout_p, is_causal, *, attn_mask, scale) -> (output, logsumexp)
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, scale=scale)
-    return out, lse.float()
-
-
 def _flash_attn_package(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,9 +115,6 @@ def prefix_attn(
     if kv_len == 0 or q.numel() == 0:
         return torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
     if not _flash_kernel_fits(q):
-        if q.device.type == "cpu" and q.dtype == torch.float32:
-            k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
-            return _pack_gqa(_sdpa_flash_cpu, q, k, v, scale)
         return prefix_attn_ref(q, k, v, scale)
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
     if _HAS_FLASH_ATTN:

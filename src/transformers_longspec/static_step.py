@@ -76,7 +76,8 @@ class StaticTreeStep:
         compile: run `draft_phase` and the target's decoder layers as `torch.compile` regions (module docstring).
         retrieval_tokens: length of the retrieval branch every tree carries (`retrieval.py`; 0: none); the lookup
             runs inside the draft graph over the token buffer.
-        draft_vocab: the draft proposes from its own vocabulary (`vocabulary.py`), refilled per call by `start`.
+        draft_vocab: the draft proposes from its own vocabulary (`vocabulary.py`), refilled per call by `start`
+            (the decode loop asks for it only with a tree: retrieval alone never runs the draft).
 
     Buffers (all on the target's device): the target cache (`LongSpecCache`, capacity rows), the draft's ring
     cache, the sequence's tokens `(capacity,)` int64, and the committed length `(,)` int64.
@@ -95,7 +96,7 @@ class StaticTreeStep:
         self._weights = _weight_storage(target, draft)  # graphs read these buffers: new weights need new graphs
         self.beam_widths, self.cuda_graphs, self.device = tuple(beam_widths), cuda_graphs, device
         self.retrieval_tokens = retrieval_tokens
-        self.vocab = DraftVocabulary(draft) if draft_vocab and beam_widths else None
+        self.vocab = DraftVocabulary(draft) if draft_vocab else None
         self.tree_size, self.depth = 1 + sum(beam_widths) + retrieval_tokens, len(beam_widths)
         self.capacity = _round_up(capacity + TAIL + self.tree_size, CAPACITY_STEP)
         self.cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, self.capacity)
@@ -129,7 +130,7 @@ class StaticTreeStep:
         compile flag and draft vocabulary choice."""
         return (self.target_ref() is target and self.draft_ref() is draft and self.beam_widths == tuple(beam_widths)
                 and self.compile == compile and self.retrieval_tokens == retrieval_tokens
-                and (self.vocab is not None) == bool(draft_vocab and beam_widths)
+                and (self.vocab is not None) == draft_vocab
                 and capacity + TAIL + self.tree_size <= self.capacity
                 and _weight_storage(target, draft) == self._weights)
 
