@@ -51,10 +51,11 @@ VARIANTS=(--variant 'longspec_graphs=longspec:{"longspec_compile": false}')
 DEEP='longspec_deep_tree=longspec:{"longspec_beam_widths": [4, 8, 8, 8, 8, 8, 8]}'
 
 # issue 14 / 13: LongSpec as users get it (default tree chosen by the policy, retrieval branch, the draft's own
-# vocabulary), the default tree without retrieval with the draft's vocabulary and with the whole vocabulary (its τ
-# cost and draft time side by side), retrieval alone, and the engine verifying the root alone (plain decoding
-# through LongSpec)
-RETRIEVAL=(--variant 'longspec_noretr=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 0}'
+# vocabulary); the fixed tree [4,16,16,16,16] with retrieval; the same tree without retrieval, with the draft's
+# vocabulary and with the whole vocabulary (its τ cost and draft time side by side); retrieval alone; the engine
+# verifying the root alone (plain decoding through LongSpec)
+RETRIEVAL=(--variant 'longspec_tree=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 10}'
+  --variant 'longspec_noretr=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 0}'
   --variant 'longspec_noretr_fullvocab=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 0,
     "longspec_draft_vocab": false}'
   --variant 'retrieval_only=longspec:{"longspec_beam_widths": [], "longspec_retrieval": 10}'

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks that need no real model. In a lease:
-#   bash benchmarks/gpu_check.sh tests      # CUDA-graph + compiled-step exactness, attention, 1,000-generation long run
+#   bash benchmarks/gpu_check.sh tests      # kernels vs their torch twins, CUDA-graph + compiled-step exactness,
+#                                           # attention, 1,000-generation long run
 #   bash benchmarks/gpu_check.sh profile [SHAPE] [CONTEXTS]  # step_profile.py on a random-weight target of a real shape
 #   bash benchmarks/gpu_check.sh [SHAPE] [CONTEXTS]          # both
 # The package is assembled under /tmp/pkg-check (its own folder: other lease scripts may assemble theirs meanwhile).
@@ -16,7 +17,7 @@ if [ "$mode" != profile ]; then
   # the whole log is kept (a failure's traceback is what a later session needs); its tail is printed
   python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda_graphs.py tests/test_attention.py \
     "tests/test_bench_plain_graph.py" \
-    "tests/test_long_run.py::test_thousand_generations_stay_exact_and_flat[cuda]" > "$OUT/gpu_tests.log" 2>&1
+    "tests/test_long_run.py::test_thousand_generations_stay_exact_and_flat[cuda]" tests/kernels > "$OUT/gpu_tests.log" 2>&1
   tail -25 "$OUT/gpu_tests.log"
 fi
 if [ "$mode" != tests ]; then

@@ -12,7 +12,7 @@
 #   data     (CPU, beside convert) the corpus scans of both mixed recipes, once per tokenizer (`longspec data`,
 #            rows_cache): code of several languages + prose of the machine's packages and docs, long rows
 #   convert  GGUFs -> ~/qwen15 (bf16) and ~/smollm2 (fp32)                                             ~2 min
-#   chat     the Qwen target's own chat answers over corpus documents (`longspec data --chat`)        ~2.5 min
+#   chat     the Qwen target's own chat answers over short and long corpus documents (`longspec data --chat`) ~4 min
 #   gputests (beside chat, after profile) CUDA graphs, compiled step, feature drafts, retrieval, draft vocabulary,
 #            plain loop, 1,000-call long run
 #   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps)  ~9 min
@@ -56,7 +56,7 @@ dry() {  # dry SMALL LARGE: SMALL in a dry run, else LARGE
 # data.mix settings of every Qwen run: the corpus rows and chat answers the data and chat phases made
 qwen_mix() {
   echo "{\"rows_cache\": \"$HOME/rows-qwen15.pt\", \"chat_cache\": \"$HOME/chat-cache-qwen15.jsonl\", $QWEN_MIX$(dry \
-    ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
+    ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_long_prompts": 2, "chat_long_prompt_chars": [1600, 3200], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
 }
 smol_mix() {
   echo "{\"rows_cache\": \"$HOME/rows-smollm2.pt\", \"chat_cache\": \"$HOME/chat-cache-smollm2.jsonl\"$(dry \
@@ -80,10 +80,10 @@ case "${1:-}" in
     phase data "$(dry 300 420)" bash benchmarks/lease_h200.sh data &
     data_pid=$!
     (phase profile "${PROFILE_S:-$(dry 60 200)}" bash benchmarks/lease_h200.sh profile
-     phase gputests 330 bash benchmarks/lease_h200.sh gputests) &
+     phase gputests "${TESTS_S:-420}" bash benchmarks/lease_h200.sh gputests) &
     tests_pid=$!
     phase convert 300 bash -c 'bash benchmarks/lease_h200.sh convert'
-    phase chat "$(dry 240 $(( ${CHAT_S:-150} + 90 )))" bash benchmarks/lease_h200.sh chat
+    phase chat "$(dry 240 $(( ${CHAT_S:-240} + 90 )))" bash benchmarks/lease_h200.sh chat
     wait "$data_pid"
     # ends with the tau phase at the latest (a variant not done by then is left out): the bench runs alone
     smol_pid=
@@ -150,7 +150,7 @@ case "${1:-}" in
     pkg /tmp/pkg-chat
     # shellcheck disable=SC2046
     python3 -m transformers_longspec.cli data --chat --recipe "$RECIPE" --target "$HOME/qwen15" \
-      $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-150}")")") ;;
+      $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-240}")")") ;;
   train)
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
       MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \

@@ -25,31 +25,52 @@ Sizes: any q_len and kv_len; meant for tree sizes up to ~512 queries and kv_len 
     committed prefix use `prefix_attention.prefix_attn` (no mask to read) and merge the two.
 Empty rows: a query row with no visible key returns out = 0 and lse = -inf (the ref does the same), so merging it
     with a prefix state returns the prefix state unchanged.
-Algorithm: one program per (BLOCK_M query rows, head, batch); flash-style online softmax in base 2 over BLOCK_N key
-    blocks with `tl.dot`; the mask block is loaded beside each key block. Fixed, untuned block sizes (see
-    `_block_config`); no autotuning, no split-KV, no early exit for fully masked blocks.
-Departures from `fused_mask_attn_ref`: summation order (blockwise online softmax); for fp16/bf16 the softmax
-    probabilities are rounded to the input dtype before the p·v product (as in FlashAttention); fp32 inputs use
-    IEEE fp32 dots (no TF32). The tests bound the error per STYLE B10.
-Launch: through `torch.library.triton_op` ("transformers_longspec::fused_mask_attn") with `wrap_triton`, so
-    `torch.compile(fullgraph=True)` traces into the kernel; validation happens in the Python launcher before the
-    op. Interpreted kernels (TRITON_INTERPRET=1) are launched without `wrap_triton`, which only newer torch
-    versions accept them in; the interpreter also takes the `while` loop and fp32 dots (see `_dot`), because
-    Triton 3.6's interpreter breaks on range() with a runtime bound under numpy >= 2.4 and on bf16 tl.dot.
+Algorithm: flash-style online softmax in base 2 over BLOCK_N key blocks with `tl.dot`; the mask block is loaded
+    beside each key block. Split-KV (flash-decoding): the grid is (query blocks of BLOCK_M rows, batch · n_heads,
+    num_splits), and program (m, bh, s) folds only key blocks [s · B, (s + 1) · B) for B = blocks_per_split. With
+    one split it writes out and lse directly, exactly the unsplit kernel. With S > 1 splits each program writes its
+    normalised fp32 partial output (0 where the split saw no visible key) and natural-log LSE (-inf there) to
+    scratch tensors (S, batch, n_heads, q_len, head_dim) and (S, batch, n_heads, q_len), and
+    `_combine_splits_kernel` merges them in the max-shifted form of `lse_merge.py` (m = max_s lse_s,
+    lse = m + log Σ exp(lse_s - m), out = Σ out_s · exp(lse_s - lse)). `_split_plan` picks S from shapes only (no
+    host sync, no data-dependent choice, so torch.compile and CUDA graphs see one fixed plan): S = 1 when the
+    unsplit grid already has ≥ 1 program per SM or there is a single key block; otherwise about 2 programs per SM,
+    at most one split per key block, rounded so every split gets whole, non-empty key blocks. The SM count is read
+    once per device (132 for interpreted CPU tensors). On 132 SMs with head_dim 128 and 12 heads (batch 1): q_len 79
+    over 591 keys → 10 splits, q_len 1 over 513 → 9, q_len 16 over 528 → 9; q_len 512 with 32 heads → 1.
+    Fixed, untuned block sizes (see `_block_config`); no autotuning, no early exit for fully masked blocks.
+Departures from `fused_mask_attn_ref`: summation order (blockwise online softmax, and with split-KV a second
+    merge over splits); for fp16/bf16 the softmax probabilities are rounded to the input dtype before the p·v product
+    (as in FlashAttention); fp32 inputs use IEEE fp32 dots (no TF32). Split partial states stay fp32, so only the
+    final out is rounded to q's dtype. The tests bound the error per STYLE B10.
+Launch: through `torch.library.triton_op` ("transformers_longspec::fused_mask_attn", whose schema carries
+    `num_splits`) with `wrap_triton` for both kernels, so `torch.compile(fullgraph=True)` traces into them; the split
+    scratch is allocated inside the op (torch.empty), which CUDA graphs capture. Validation happens in the Python
+    launcher before the op. Interpreted kernels (TRITON_INTERPRET=1) are launched without `wrap_triton`, which only
+    newer torch versions accept them in; the interpreter also takes the `while` loop over a split's key blocks and
+    fp32 dots (see `_dot`), because Triton 3.6's interpreter breaks on range() with a runtime bound under
+    numpy >= 2.4 and on bf16 tl.dot. The combine kernel loops over a constexpr split count, which both paths accept.
 Devices: CUDA GPUs; CPU tensors only under TRITON_INTERPRET=1 (slow; for CI). Without Triton, `fused_mask_attn`
     raises ImportError and `fused_mask_attn_ref` is the CPU path.
 Tested: CPU under TRITON_INTERPRET=1 (triton 3.6; torch 2.13 and 2.11), all three dtypes, head dims 16-256 and 80,
-    GQA 1/2/4/8, random, tree, all-true and fully masked rows; NVIDIA H200 (triton 3.6, torch 2.11): fp16/bf16,
-    head dims 64/128/256, q_len 16-512, kv_len 16-2560, GQA 1/4/7/8, eager and torch.compile(fullgraph=True);
-    fp32 with every mask kind. Forward only: no autograd.
-Speed (H200, bf16, 32/8 heads, head_dim 128, random mask, kernel time under CUDA graphs): q_len/kv_len 16/16
-    3.1 µs, 64/1088 22.6 µs, 512/512 17.7 µs, 512/4096 109 µs; torch SDPA with the same bool mask (no LSE, K/V
-    repeated) takes 12.4 / 36.6 / 25.9 / 119 µs. Few query rows over long keys under-fill the GPU (16/4096: 78 µs,
-    one program per head, no split-KV): use `prefix_attn` for the unmasked prefix (18.6 µs there). Eager calls
-    cost ~80-120 µs of CPU time each (custom-op dispatch, Triton's launcher, checks): compile or CUDA-graph the
-    decode step.
-Limits: offsets are 64-bit per (batch, head) base, 32-bit within a head; no dropout, no bias, no softcap.
+    GQA 1/2/4/8, random, tree, all-true and fully masked rows; split-KV (torch 2.13 only): forced 2, 3 and clamped
+    split counts with rows empty in some splits or in all, and num_splits=1 bit for bit equal to the default
+    unsplit path (and to the kernel before split-KV). NVIDIA H200 (triton 3.6, torch 2.11), before split-KV:
+    fp16/bf16, head dims 64/128/256, q_len 16-512, kv_len 16-2560, GQA 1/4/7/8, eager and
+    torch.compile(fullgraph=True); fp32 with every mask kind. Split-KV has not yet run on a GPU (the GPU tests
+    include the verification shape: q_len 79, 12/2 heads, head_dim 128, kv_len 591, bf16). Forward only: no autograd.
+Speed (H200, bf16, 32/8 heads, head_dim 128, random mask, kernel time under CUDA graphs, before split-KV, i.e. one
+    split): q_len/kv_len 16/16 3.1 µs, 64/1088 22.6 µs, 512/512 17.7 µs, 512/4096 109 µs; torch SDPA with the same
+    bool mask (no LSE, K/V repeated) takes 12.4 / 36.6 / 25.9 / 119 µs. Few query rows over long keys under-filled
+    the GPU (16/4096: 78 µs with one program per head; `prefix_attn` takes 18.6 µs there), and the verification
+    shape (q_len 79, 12/2 heads, kv_len 591) took 24 µs per call on 24 programs: split-KV targets these cases, and
+    its speed is not yet measured on the GPU. Eager calls cost ~80-120 µs of CPU time each (custom-op dispatch,
+    Triton's launcher, checks), and a split call launches a second kernel: compile or CUDA-graph the decode step.
+Limits: offsets are 64-bit per (batch, head, split) base, 32-bit within a head; split scratch costs
+    S · batch · n_heads · q_len · (head_dim + 1) · 4 bytes; no dropout, no bias, no softcap.
 """
+
+import functools
 
 import torch
 from torch.library import triton_op, wrap_triton
@@ -105,16 +126,20 @@ def _tree_attn_fwd_kernel(
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb, stride_mm, stride_mn,
-    stride_ob, stride_oh, stride_om,
-    stride_lb, stride_lh,
-    n_heads, kv_group, q_len, kv_len, qk_scale_log2,
+    stride_os, stride_ob, stride_oh, stride_om,
+    stride_ls, stride_lb, stride_lh,
+    n_heads, kv_group, q_len, kv_len, keys_per_split, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    # One program: BLOCK_M query rows of one (batch, head). The last dim of q/k/v/out has stride 1.
+    # One program: BLOCK_M query rows of one (batch, head) over the keys of one split, which it writes at
+    # out_ptr/lse_ptr + split * stride_os/ls (split is always 0 when unsplit). The last dim of q/k/v/out has stride 1.
     qk_scale_log2 = tl.cast(qk_scale_log2, tl.float32)  # Inductor passes Python floats as fp64
     batch = (tl.program_id(1) // n_heads).to(tl.int64)
     head = (tl.program_id(1) % n_heads).to(tl.int64)
+    split = tl.program_id(2).to(tl.int64)
+    key_start = tl.program_id(2) * keys_per_split  # a multiple of BLOCK_N: every block lies inside one split
+    key_end = tl.minimum(key_start + keys_per_split, kv_len)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < q_len
@@ -131,8 +156,8 @@ def _tree_attn_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if INTERPRETED:
         # Triton 3.6's interpreter cannot pass a runtime bound to range() under numpy >= 2.4 (triton-lang/triton#9171).
-        start_n = 0
-        while start_n < kv_len:
+        start_n = key_start
+        while start_n < key_end:
             m_i, l_i, acc = _attn_key_block(
                 q, m_i, l_i, acc, start_n, k_base, v_base, mask_rows, stride_kn, stride_vn, stride_mn, row_ok,
                 kv_len, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, INTERPRETED,
@@ -140,19 +165,60 @@ def _tree_attn_fwd_kernel(
             start_n += BLOCK_N
     else:
         # A for loop lets Triton pipeline the K/V loads (a while loop was up to 1.5x slower on an H200).
-        for start_n in range(0, kv_len, BLOCK_N):
+        for start_n in range(key_start, key_end, BLOCK_N):
             m_i, l_i, acc = _attn_key_block(
                 q, m_i, l_i, acc, start_n, k_base, v_base, mask_rows, stride_kn, stride_vn, stride_mn, row_ok,
                 kv_len, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, INTERPRETED,
             )  # fmt: skip
 
-    # l_i == 0 exactly when a row saw no visible key (otherwise its max term adds exp2(0) = 1): out 0, lse -inf.
+    # l_i == 0 exactly when a row saw no visible key in this split (otherwise its max term adds exp2(0) = 1):
+    # out 0, lse -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = (m_i + tl.log2(l_safe)) * 0.6931471805599453  # base-2 -> natural log
-    out_rows = out_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om
+    out_rows = out_ptr + split * stride_os + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om
     tl.store(out_rows + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
-    tl.store(lse_ptr + batch * stride_lb + head * stride_lh + offs_m, lse, mask=row_ok)
+    tl.store(lse_ptr + split * stride_ls + batch * stride_lb + head * stride_lh + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, q_len, stride_os, stride_ls,
+    NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    # One program: BLOCK_M query rows of one (batch, head). All four tensors are contiguous, so row r of (batch, head)
+    # pair p is p * q_len + r; split s of the partial tensors starts s * stride_os (out) / s * stride_ls (lse) in.
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < q_len
+    rows = tl.program_id(1).to(tl.int64) * q_len + offs_m
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    # Max-shifted merge as in lse_merge.py: m = max_s lse_s, w_s = exp(lse_s - m), out = Σ w_s·out_s / Σ w_s.
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    lse_ptrs = part_lse_ptr + rows
+    for _ in range(NUM_SPLITS):
+        m = tl.maximum(m, tl.load(lse_ptrs, mask=row_ok, other=float("-inf")))
+        lse_ptrs += stride_ls
+    m = tl.where(m == float("-inf"), 0.0, m)  # every split empty: weights 0, never (-inf) - (-inf)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lse_ptrs = part_lse_ptr + rows
+    out_ptrs = part_out_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :]
+    for _ in range(NUM_SPLITS):
+        weight = tl.exp(tl.load(lse_ptrs, mask=row_ok, other=float("-inf")) - m)
+        total += weight
+        acc += tl.load(out_ptrs, mask=ok, other=0.0) * weight[:, None]
+        lse_ptrs += stride_ls
+        out_ptrs += stride_os
+    total_safe = tl.where(total == 0.0, 1.0, total)  # rows empty in every split: out 0, lse -inf
+    out = acc / total_safe[:, None]
+    lse = tl.where(total == 0.0, float("-inf"), m + tl.log(total_safe))
+    tl.store(out_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(lse_ptr + rows, lse, mask=row_ok)
+
+
+# Query rows per program of `_combine_splits_kernel`; a fixed, untuned choice.
+_COMBINE_BLOCK_M = 16
 
 
 def _block_config(q_len: int, block_d: int) -> tuple[int, int, int, int]:
@@ -163,15 +229,52 @@ def _block_config(q_len: int, block_d: int) -> tuple[int, int, int, int]:
     return block_m, block_n, num_warps, 2
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`, read once per device; 132 (an H100/H200) for interpreted CPU tensors."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _split_plan(programs: int, key_blocks: int, sms: int, num_splits: int | None = None) -> tuple[int, int]:
+    """Choose how many key ranges (splits) each query block's keys are divided into, from shapes only.
+
+    The heuristic (num_splits None) splits only when the unsplit grid leaves SMs idle: it aims at ~2 programs per
+    SM, and never at more splits than key blocks. A requested count is clamped the same way. The count is then
+    rounded so that the splits share the key blocks evenly and none is empty.
+
+    Args:
+        programs: programs of the unsplit grid, cdiv(q_len, BLOCK_M) · batch · n_heads (≥ 1).
+        key_blocks: cdiv(kv_len, BLOCK_N) (≥ 0).
+        sms: streaming multiprocessors on the device.
+        num_splits: a requested count (int ≥ 1), or None for the heuristic.
+    Returns: (num_splits, blocks_per_split): split s folds key blocks [s · blocks_per_split, (s + 1) ·
+        blocks_per_split) ∩ [0, key_blocks), which is non-empty for every s < num_splits.
+    Reference: flash-decoding (Dao et al., 2023); FlashAttention-2 `num_splits_heuristic`.
+    """
+    if num_splits is None:
+        num_splits = 1 if programs >= sms else triton.cdiv(2 * sms, programs)
+    if num_splits <= 1 or key_blocks <= 1:
+        return 1, key_blocks
+    blocks_per_split = triton.cdiv(key_blocks, min(num_splits, key_blocks))
+    return triton.cdiv(key_blocks, blocks_per_split), blocks_per_split
+
+
 def _fused_mask_attn_impl(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, num_splits: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Allocate outputs and launch the kernel; inputs are already checked (see `fused_mask_attn`).
+    """Allocate outputs and launch the kernel(s); inputs are already checked (see `fused_mask_attn`).
+
+    With one split the kernel writes out and lse directly. With S > 1 splits it writes fp32 partial states
+    (S, batch, n_heads, q_len, head_dim) and (S, batch, n_heads, q_len) to scratch tensors, which
+    `_combine_splits_kernel` merges into out and lse.
 
     Args:
         q: (batch, n_heads, q_len, head_dim); k, v: (batch, n_kv_heads, kv_len, head_dim); last dims contiguous.
         mask: (batch, q_len, kv_len) bool (any strides; stride 0 broadcasts), True = attend.
         scale: softmax scale applied to q·k.
+        num_splits: requested split count (int ≥ 1, clamped by `_split_plan`), or None for the heuristic.
     Returns: out like q; lse (batch, n_heads, q_len) fp32, natural log.
     """
     batch, n_heads, q_len, head_dim = q.shape
@@ -182,22 +285,37 @@ def _fused_mask_attn_impl(
         return out, lse
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_m, block_n, num_warps, num_stages = _block_config(q_len, block_d)
-    grid = (triton.cdiv(q_len, block_m), batch * n_heads)
+    programs = triton.cdiv(q_len, block_m) * batch * n_heads
+    num_splits, blocks_per_split = _split_plan(programs, triton.cdiv(kv_len, block_n), _sm_count(q.device), num_splits)
+    if num_splits == 1:  # the kernel writes out and lse directly; split is always 0, so stride_os/ls are unused
+        part_out, part_lse, stride_os, stride_ls = out, lse, 0, 0
+    else:  # S copies of out and lse stacked, fp32: below dim 0 they have the strides of out and lse
+        part_out = torch.empty((num_splits, *out.shape), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits, *lse.shape), dtype=torch.float32, device=q.device)
+        stride_os, stride_ls = part_out.stride(0), part_lse.stride(0)
+    grid = (triton.cdiv(q_len, block_m), batch * n_heads, num_splits)
     interpreted = is_interpreted(_tree_attn_fwd_kernel)
     kernel = _tree_attn_fwd_kernel if interpreted else wrap_triton(_tree_attn_fwd_kernel)
     kernel[grid](
-        q, k, v, mask, out, lse,
+        q, k, v, mask, part_out, part_lse,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         mask.stride(0), mask.stride(1), mask.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1),
-        n_heads, n_heads // n_kv_heads, q_len, kv_len, scale * 1.4426950408889634,  # log2(e)
+        stride_os, out.stride(0), out.stride(1), out.stride(2),
+        stride_ls, lse.stride(0), lse.stride(1),
+        n_heads, n_heads // n_kv_heads, q_len, kv_len, blocks_per_split * block_n,
+        scale * 1.4426950408889634,  # log2(e)
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=interpreted,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    if num_splits > 1:
+        combine = _combine_splits_kernel if interpreted else wrap_triton(_combine_splits_kernel)
+        combine[(triton.cdiv(q_len, _COMBINE_BLOCK_M), batch * n_heads)](
+            part_out, part_lse, out, lse, q_len, stride_os, stride_ls,
+            NUM_SPLITS=num_splits, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=_COMBINE_BLOCK_M,
+        )  # fmt: skip
     return out, lse
 
 
@@ -208,7 +326,13 @@ else:
 
 
 def fused_mask_attn(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float | None = None,
+    *,
+    num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked attention with its log-sum-exp, through the Triton kernel `_tree_attn_fwd_kernel`.
 
@@ -221,20 +345,30 @@ def fused_mask_attn(
         mask: bool, (q_len, kv_len) or (batch or 1, q_len, kv_len); True = the query may attend to the key.
             Any strides (slices of a bigger mask are fine).
         scale: softmax scale on q·k; None means 1 / sqrt(head_dim).
+        num_splits: how many key ranges to attend over in parallel before merging them by their LSEs (split-KV);
+            None (default) chooses from the shapes and the device's SM count only, so it is fixed under
+            torch.compile and CUDA graphs. A count above the number of key blocks is clamped, and any count is
+            rounded down so every split gets whole, non-empty key blocks. 1 runs the unsplit kernel. Every count
+            gives the same result up to rounding.
     Returns: (out, lse). out: (batch, n_heads, q_len, head_dim), dtype of q. lse: (batch, n_heads, q_len), fp32,
         natural log of Σ_visible exp(q·k·scale). Rows with no visible key give out = 0 and lse = -inf.
     Raises:
         ImportError: if Triton is not installed (use `fused_mask_attn_ref`).
         TypeError: if q, k, v or mask is not a tensor.
-        ValueError: on wrong shapes, dtypes, devices, a non-bool mask, head_dim > 256, or CPU tensors without
-            TRITON_INTERPRET=1.
-    Reference: LongSpec §3 (hybrid tree attention; `fused_mask_attn`), FlashAttention-2 (online softmax).
+        ValueError: on wrong shapes, dtypes, devices, a non-bool mask, head_dim > 256, CPU tensors without
+            TRITON_INTERPRET=1, or a `num_splits` that is not None or an int ≥ 1.
+    Reference: LongSpec §3 (hybrid tree attention; `fused_mask_attn`), FlashAttention-2 (online softmax),
+        flash-decoding (split-KV).
     """
     require_triton("fused_mask_attn")
     caller = "fused_mask_attn"
     batch, _, _, q_len, kv_len, head_dim = check_qkv(q, k, v, caller=caller)
     check_mask(mask, batch, q_len, kv_len, q.device, caller=caller)
     scale = resolve_scale(scale, head_dim, caller=caller)
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(
+            f"{caller}: `num_splits` must be an int >= 1, or None to choose it from the shapes; got {num_splits!r}."
+        )
     if not 1 <= head_dim <= 256:
         raise ValueError(f"{caller}: head_dim must be in [1, 256], got {head_dim}; use fused_mask_attn_ref.")
     if q.device.type != "cuda" and not is_interpreted(_tree_attn_fwd_kernel):
@@ -244,7 +378,7 @@ def fused_mask_attn(
         )
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     mask = mask.expand(batch, q_len, kv_len) if mask.dim() == 2 else mask.expand(batch, -1, -1)
-    return _fused_mask_attn_op(q, k, v, mask, scale)
+    return _fused_mask_attn_op(q, k, v, mask, scale, num_splits)
 
 
 def fused_mask_attn_ref(

@@ -4,6 +4,7 @@ Kernel tests need a CUDA GPU, or CPU tensors through Triton's interpreter: CI ru
 `TRITON_INTERPRET=1 pytest tests/kernels` (the variable must be set before triton is imported; nothing here sets it).
 """
 
+import math
 import subprocess
 import sys
 
@@ -11,7 +12,13 @@ import pytest
 import torch
 
 from transformers_longspec.kernels import triton_available
-from transformers_longspec.kernels.tree_attention import fused_mask_attn, fused_mask_attn_ref
+from transformers_longspec.kernels.tree_attention import (
+    _block_config,
+    _sm_count,
+    _split_plan,
+    fused_mask_attn,
+    fused_mask_attn_ref,
+)
 
 from kernel_helpers import (
     KERNEL_DEVICE,
@@ -31,9 +38,9 @@ SMALL_SHAPES = ((1, 5, 5, 16), (2, 37, 70, 64), (1, 20, 48, 128))
 GQA = ((4, 4), (4, 2), (4, 1))  # (n_heads, n_kv_heads): ratios 1, 2, 4
 
 
-def _check_against_ref(q, k, v, mask, scale=None):
+def _check_against_ref(q, k, v, mask, scale=None, num_splits=None):
     """Run the kernel and assert the B10 bound against the fp32 and low-precision refs (computed on CPU)."""
-    result = fused_mask_attn(q, k, v, mask, scale)
+    result = fused_mask_attn(q, k, v, mask, scale, num_splits=num_splits)
     assert result[0].dtype == q.dtype and result[1].dtype == torch.float32
     assert result[0].shape == q.shape and result[1].shape == q.shape[:-1]
     cpu = [t.cpu() for t in (q, k, v, mask)]
@@ -94,6 +101,93 @@ def test_kernel_empty_sizes(gen):
     q, k, v = random_qkv(1, 2, 2, 0, 7, 16, torch.float32, KERNEL_DEVICE, gen)
     out, lse = fused_mask_attn(q, k, v, torch.ones(0, 7, dtype=torch.bool, device=KERNEL_DEVICE))
     assert out.shape == (1, 2, 0, 16) and lse.shape == (1, 2, 0)
+
+
+def _split_edge_mask(kind: str, batch: int, q_len: int, kv_len: int, gen: torch.Generator) -> torch.Tensor:
+    """A `make_mask` mask whose first rows are empty in some key blocks of 64 and visible in others.
+
+    Row 0 sees no key at all (out 0, lse -inf), row 1 only keys of the last block, row 2 only keys of the first
+    block, row 3 only the first key of the second block: with 2 or more splits each is empty in some split.
+    """
+    mask = make_mask(kind, batch, q_len, kv_len, gen)
+    mask[:, :4] = False
+    mask[:, 1, (kv_len - 1) // 64 * 64 :] = True
+    mask[:, 2, :64] = True
+    mask[:, 3, 64] = True
+    return mask
+
+
+@needs_kernel
+@pytest.mark.parametrize("mask_kind", ("random", "tree"))
+@pytest.mark.parametrize("num_splits", (2, 3, 50))
+@pytest.mark.parametrize("n_heads,n_kv_heads", GQA)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_kernel_forced_splits_match_ref(dtype, n_heads, n_kv_heads, num_splits, mask_kind, gen):
+    """Split-KV against the ref: 150 keys are 3 key blocks of 64, so 2 and 3 splits are kept and 50 is clamped to 3."""
+    batch, q_len, kv_len = 2, 20, 150  # 20 rows: two combine blocks of 16 rows
+    q, k, v = random_qkv(batch, n_heads, n_kv_heads, q_len, kv_len, 16, dtype, KERNEL_DEVICE, gen)
+    mask = _split_edge_mask(mask_kind, batch, q_len, kv_len, gen).to(KERNEL_DEVICE)
+    out, lse = _check_against_ref(q, k, v, mask, num_splits=num_splits)
+    assert torch.isneginf(lse[:, :, 0]).all() and (out[:, :, 0] == 0).all()
+    assert torch.isfinite(lse[:, :, 1:]).all() and torch.isfinite(out.float()).all()
+
+
+@needs_kernel
+def test_kernel_one_split_is_default_path_bit_for_bit(gen):
+    """num_splits=1 is the unsplit kernel: bit for bit the default where the heuristic picks one split."""
+    sms = _sm_count(torch.device(KERNEL_DEVICE))
+    n_heads, q_len, kv_len, head_dim = 4, 1, 150, 16
+    batch = math.ceil(sms / n_heads)  # one program per (batch, head) fills every SM: no split (33 on CPU)
+    block_m, block_n, _, _ = _block_config(q_len, head_dim)
+    programs = math.ceil(q_len / block_m) * batch * n_heads
+    assert _split_plan(programs, math.ceil(kv_len / block_n), sms) == (1, 3)
+    q, k, v = random_qkv(batch, n_heads, 2, q_len, kv_len, head_dim, torch.bfloat16, KERNEL_DEVICE, gen)
+    mask = make_mask("random", batch, q_len, kv_len, gen).to(KERNEL_DEVICE)
+    out_default, lse_default = fused_mask_attn(q, k, v, mask)
+    out_one, lse_one = _check_against_ref(q, k, v, mask, num_splits=1)
+    assert torch.equal(out_one, out_default) and torch.equal(lse_one, lse_default)
+
+
+@pytest.mark.skipif(not triton_available(), reason="the block sizes come from triton.next_power_of_2")
+@pytest.mark.parametrize(
+    "q_len,n_heads,kv_len,expected",
+    [
+        (79, 12, 591, (10, 1)),  # tree verification: 2 query blocks x 12 heads = 24 programs, 10 key blocks
+        (1, 12, 513, (9, 1)),  # plain decoding through the engine: 12 programs, 9 key blocks
+        (16, 12, 528, (9, 1)),
+        (64, 32, 1088, (9, 2)),  # 32 programs want 9 splits of 17 key blocks: 2 blocks each (the last gets 1)
+        (16, 40, 640, (5, 2)),  # 40 programs want 7 splits of 10 key blocks: 2 blocks each leaves 5 splits
+        (512, 32, 591, (1, 10)),  # 8 x 32 = 256 programs already fill 132 SMs
+        (79, 12, 40, (1, 1)),  # a single key block
+    ],
+)
+def test_split_plan_real_shapes(q_len, n_heads, kv_len, expected):
+    """The heuristic on 132 SMs (an H200) at head_dim 128, batch 1; every split gets whole, non-empty key blocks."""
+    block_m, block_n, _, _ = _block_config(q_len, 128)
+    key_blocks = math.ceil(kv_len / block_n)
+    num_splits, blocks_per_split = _split_plan(math.ceil(q_len / block_m) * n_heads, key_blocks, sms=132)
+    assert (num_splits, blocks_per_split) == expected
+    assert (num_splits - 1) * blocks_per_split < key_blocks <= num_splits * blocks_per_split
+
+
+@pytest.mark.skipif(not triton_available(), reason="the plan uses triton.cdiv")
+def test_split_plan_requested_counts_are_clamped():
+    """Any request gives 1 ≤ splits ≤ min(request, key blocks); the splits cover the key blocks and none is empty."""
+    assert _sm_count(torch.device("cpu")) == 132  # interpreted CPU tensors plan for an H200
+    assert _split_plan(10, 0, 132, 4) == (1, 0)  # kv_len 0: one split over no keys
+    for key_blocks in range(1, 40):
+        for requested in (None, 1, 2, 3, 7, 64):
+            num_splits, blocks_per_split = _split_plan(10, key_blocks, 132, requested)
+            assert 1 <= num_splits <= min(requested or key_blocks, key_blocks)
+            assert (num_splits - 1) * blocks_per_split < key_blocks <= num_splits * blocks_per_split
+
+
+@pytest.mark.skipif(not triton_available(), reason="validation runs before launch but after the Triton check")
+@pytest.mark.parametrize("num_splits", (0, -1, 1.5, True))
+def test_launcher_rejects_bad_num_splits(num_splits, gen):
+    q, k, v = random_qkv(1, 4, 2, 6, 10, 16, torch.float32, "cpu", gen)
+    with pytest.raises(ValueError, match="num_splits"):
+        fused_mask_attn(q, k, v, torch.ones(6, 10, dtype=torch.bool), num_splits=num_splits)
 
 
 @pytest.mark.skipif(not triton_available(), reason="validation runs before launch but after the Triton check")
@@ -187,3 +281,28 @@ def test_kernel_gpu_compiled(dtype, head_dim, q_len, kv_len, compiled, gen):
 def test_kernel_gpu_fp32_and_mask_kinds(mask_kind, gen):
     q, k, v = random_qkv(2, 8, 2, 100, 300, 128, torch.float32, "cuda", gen)
     _check_against_ref(q, k, v, make_mask(mask_kind, 2, 100, 300, gen).cuda())
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ("eager", "compiled", "cuda_graph"))
+def test_kernel_gpu_verification_shape(mode, gen):
+    """The verification step of the target: q_len 79 tree queries, 12/2 heads, head_dim 128, over 591 keys (a
+    512-row cache tail + the tree), bf16. The heuristic splits it (24 programs) on any GPU with more than 24 SMs."""
+    q, k, v = random_qkv(1, 12, 2, 79, 591, 128, torch.bfloat16, "cuda", gen)
+    mask = make_mask("tree", 1, 79, 591, gen).cuda()
+    if mode == "cuda_graph":
+        fused_mask_attn(q, k, v, mask)  # compile the kernels before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            result = fused_mask_attn(q, k, v, mask)
+        graph.replay()
+        torch.cuda.synchronize()
+    else:
+        torch._dynamo.reset()
+        result = (torch.compile(fused_mask_attn, fullgraph=True) if mode == "compiled" else fused_mask_attn)(
+            q, k, v, mask
+        )
+    ref_fp32 = fused_mask_attn_ref(q, k, v, mask)
+    ref_low = fused_mask_attn_ref(q, k, v, mask, upcast=False)
+    assert_within_ref_bound(result, ref_fp32, ref_low, torch.bfloat16)
