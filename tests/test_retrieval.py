@@ -16,7 +16,12 @@ from test_sampling import (
 from transformers import LogitsProcessorList
 
 from transformers_longspec import LongSpecDraft, static_step
-from transformers_longspec.retrieval import MAX_NGRAM, add_retrieval_branch, longest_match_continuation
+from transformers_longspec.retrieval import (
+    MAX_NGRAM,
+    add_retrieval_branch,
+    longest_match_continuation,
+    prompt_retrieval_gain,
+)
 from transformers_longspec.tree import DraftTree
 from transformers_longspec.verification import deepest_accepted
 
@@ -73,6 +78,21 @@ def _consistent(tree: DraftTree) -> None:
             expected = tree.ancestors[parent].clone()
             expected[i] = True
             assert torch.equal(tree.ancestors[i], expected)
+
+
+def test_prompt_gain_counts_what_the_chain_would_have_matched():
+    """A prompt that repeats itself scores the chain's matching prefix; one that never repeats scores 0."""
+    block = torch.arange(100, 400)  # 300 distinct tokens, then the same 300 again
+    repeated = torch.cat([block, block])
+    # Positions 64..598: in the first copy nothing earlier matches (0); in the second copy (p >= 300) the match at
+    # p - 300 predicts every following token, up to the prompt's end (p + t < 600).
+    positions = torch.linspace(64, 598, 32).long().unique()
+    expected = torch.stack([(p >= 300) * torch.clamp(599 - p, max=10) for p in positions]).float().mean()
+    assert prompt_retrieval_gain(repeated, 10) == pytest.approx(expected.item())
+    assert prompt_retrieval_gain(torch.arange(500), 10) == 0.0
+    assert prompt_retrieval_gain(torch.tensor([5, 5]), 10) == 0.0  # too short to try
+    half = torch.cat([block, block[:150], torch.arange(1000, 1150)])  # the copy breaks off halfway
+    assert 0.0 < prompt_retrieval_gain(half, 10) < prompt_retrieval_gain(repeated, 10)
 
 
 def test_branch_hangs_below_the_agreeing_draft_path():

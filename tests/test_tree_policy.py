@@ -69,6 +69,25 @@ def test_the_previous_choice_stays_unless_another_is_clearly_faster():
     assert policy.choose(target, draft, (0,)) == (other, 0)
 
 
+def test_the_prompt_decides_the_retrieval_branch():
+    """Under CPU-like costs (a forward over 11 tokens costs ~2.8 plain steps) the policy turns a retrieval branch
+    on for a prompt that repeats itself and leaves it off for one that never does, then scales its estimate by what
+    calls gained."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+    policy = TreePolicy(DEFAULT)
+    policy.costs[(id(target), torch.device("cpu"), torch.float32)] = TreeCosts(
+        verify={1: 1.0, 2: 1.4, 32: 6.0, 160: 40.0}, draft={w: sum(w) / 3 for w in policy.candidates if w})
+    repetitive = torch.arange(300).repeat(4)  # from position 300 on, the continuation is always right
+    assert policy.choose(target, draft, (0, 10), repetitive)[1] == 10
+    assert policy.prompt_gain > 7 and policy.expected_gain() == policy.prompt_gain
+    policy.observe((), 10, [1] * 8, 0)  # the call gained nothing: later estimates are scaled down
+    assert policy.retrieval_scale == pytest.approx(0.55)
+    assert policy.choose(target, draft, (0, 10), torch.arange(1200))[1] == 0  # nothing repeats
+    assert policy.prompt_gain == 0.0
+    assert policy.choose(target, draft, (0,), repetitive)[1] == 0 and policy.prompt_gain is None  # not asked
+
+
 def test_observe_learns_acceptance_and_retrieval_gain():
     policy = TreePolicy(DEFAULT)
     policy.observe(DEFAULT, 10, [1, 1, 1, 1, 1, 1], 0)  # nothing accepted

@@ -216,11 +216,11 @@ def resolve_draft_vocab(draft, generation_config: GenerationConfig, override=Non
     return value
 
 
-def _default_tree(target, draft, widths, n_retrieval) -> tuple[tuple[int, ...], int, TreePolicy | None]:
+def _default_tree(target, draft, widths, n_retrieval, prompt) -> tuple[tuple[int, ...], int, TreePolicy | None]:
     """(beam_widths, retrieval_tokens, the policy that chose them or None): a named tree is used as named (retrieval
     `DEFAULT_RETRIEVAL_TOKENS` unless named too); otherwise the draft's `tree_policy.TreePolicy` (kept on it, costs
     measured on first use) picks the shape of highest predicted speed on this device, and the retrieval length too
-    when the call names none."""
+    when the call names none (its gain estimated on `prompt`, (length,) int64)."""
     if widths is not None:
         return widths, DEFAULT_RETRIEVAL_TOKENS if n_retrieval is None else n_retrieval, None
     largest = validate_beam_widths(draft.config.beam_widths, draft.config.vocab_size)
@@ -228,7 +228,7 @@ def _default_tree(target, draft, widths, n_retrieval) -> tuple[tuple[int, ...], 
     if policy is None or policy.largest != largest:
         policy = draft.__dict__["_tree_policy"] = TreePolicy(largest)
     options = (0, DEFAULT_RETRIEVAL_TOKENS) if n_retrieval is None else (n_retrieval,)
-    return (*policy.choose(target, draft, options), policy)
+    return (*policy.choose(target, draft, options, prompt), policy)
 
 
 @one_call_at_a_time
@@ -282,7 +282,7 @@ def longspec_tree_decode(
     use_vocab = resolve_draft_vocab(draft, generation_config, draft_vocab)  # every option checked before any work
     device = input_ids.device
     static_shapes, compile = _resolve_static_options(static_shapes, compile, generation_config, device)
-    widths, n_retrieval, policy = _default_tree(target, draft, widths, n_retrieval)
+    widths, n_retrieval, policy = _default_tree(target, draft, widths, n_retrieval, input_ids[0])
     use_vocab = use_vocab and bool(widths)
     stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths, retrieval_tokens=n_retrieval)
     draft.last_generation_stats = stats

@@ -76,6 +76,33 @@ def longest_match_continuation(tokens: torch.Tensor, last, n: int, max_ngram: in
     return tokens[(j + offsets).clamp(max=length - 1)], known
 
 
+def prompt_retrieval_gain(tokens: torch.Tensor, n: int, samples: int = 32) -> float:
+    """Tokens per step a retrieval chain of `n` would have added inside the prompt itself: at `samples` positions
+    spread over the prompt, the continuation of the longest earlier match is compared with the tokens that really
+    followed, and the matching prefix lengths are averaged. A prompt that repeats itself (code, a document quoting
+    its own names) scores high, text that never repeats scores 0: the tree policy's per-prompt estimate of the
+    retrieval gain (`tree_policy.TreePolicy.choose`).
+
+    Args:
+        tokens: (length,) int64, the prompt (any device). n: chain length (tokens). samples: positions tried.
+    Returns: mean accepted tokens per position, in [0, n]; 0.0 for prompts shorter than 3 tokens. One host sync.
+    Reference: module docstring; the acceptance of a chain under greedy verification (`verification.py`).
+    """
+    length = tokens.shape[0]
+    if length < 3 or n < 1:
+        return 0.0
+    first = min(64, length // 2)  # leave some history to match against
+    positions = torch.linspace(first, length - 2, min(samples, length - 1 - first)).long().unique().tolist()
+    offsets = torch.arange(1, n + 1, device=tokens.device)
+    accepted = []
+    for p in positions:
+        proposal, known = longest_match_continuation(tokens[: p + 1], p, n)
+        real = tokens[(p + offsets).clamp(max=length - 1)]
+        hit = known & (proposal == real) & (p + offsets < length)
+        accepted.append(hit.long().cumprod(0).sum())
+    return torch.stack(accepted).float().mean().item()
+
+
 def add_retrieval_branch(tree: DraftTree, continuation: torch.Tensor, known: torch.Tensor) -> DraftTree:
     """Append a retrieval chain to a draft tree, merged with the draft path that already carries its first tokens.
 
@@ -124,4 +151,4 @@ def add_retrieval_branch(tree: DraftTree, continuation: torch.Tensor, known: tor
 
 
 __all__ = ["DEFAULT_RETRIEVAL_TOKENS", "MAX_NGRAM", "add_retrieval_branch", "longest_match_continuation",
-           "validate_retrieval_tokens"]
+           "prompt_retrieval_gain", "validate_retrieval_tokens"]

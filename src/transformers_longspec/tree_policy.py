@@ -16,8 +16,12 @@ retrieval branch of R tokens:
   decode loop, divided by the same ratio from the measured costs, scales every c_draft (`draft_scale`).
 * τ̂ = 1 + Σ_d Π_{i<=d} a_i + g: depth d of the tree holds the target's token with probability a_d = 1 − (1 − p)^√b_d,
   b_d = max(1, w_d / w_{d−1}) candidates per parent (more candidates, diminishing returns); p is the draft's
-  top-1 acceptance, g the tokens per step the retrieval branch adds. Both start from priors (p = 0.5, g = 0.2) and
-  follow what the draft achieved in earlier calls of the process (p by inverting τ̂ for the shape used).
+  top-1 acceptance, g the tokens per step the retrieval branch adds. p starts from a prior (0.5) and follows what
+  the draft achieved in earlier calls of the process (by inverting τ̂ for the shape used). g is estimated per prompt:
+  the chain the retrieval branch would have proposed at positions inside the prompt, against the tokens that really
+  followed (`retrieval.prompt_retrieval_gain`; a repetitive C file scores several tokens, an essay a fraction of
+  one), times a scale learnt from earlier calls (the gain observed while generating over the prompt's estimate).
+  Without a prompt g starts from a prior (0.2) and follows the gains observed.
 
 The candidates are `LADDER` (chains and small trees up to the default) and the draft's own `beam_widths`; the empty
 tree (plain decoding through the engine, speed 1 + g / ...) is always one, so the default never predicts slower
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import DraftRingCache
+from .retrieval import prompt_retrieval_gain
 from .tree import grow_tree
 
 LADDER = ((), (1,), (1, 1), (1, 1, 1), (2, 2, 2), (2, 2, 2, 2), (4, 4, 4, 4), (4, 8, 8, 8), (4, 16, 16, 16, 16))
@@ -141,17 +146,26 @@ class TreePolicy:
             [w for w in LADDER if len(w) <= len(largest) and sum(w) <= sum(largest)] + [tuple(largest)]))
         self.costs: dict[tuple, TreeCosts] = {}
         self.acceptance, self.retrieval_gain = PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN
+        self.retrieval_scale = 1.0  # gain observed while generating over the prompt's own estimate (calls so far)
+        self.prompt_gain: float | None = None  # `prompt_retrieval_gain` of the current call's prompt
         self.draft_scale = 1.0  # observed draft / verification time per step over the measured ratio (calls so far)
         self._key, self._last = None, None  # the costs and the choice of the last `choose`
 
+    def expected_gain(self) -> float:
+        """g: tokens per step the retrieval branch is expected to add (the prompt's estimate when there is one)."""
+        if self.prompt_gain is None:
+            return self.retrieval_gain
+        return self.retrieval_scale * self.prompt_gain
+
     def predicted_speedup(self, widths, retrieval_tokens: int, costs: TreeCosts) -> float:
         """τ̂ × (plain step seconds) / (draft + verification seconds) for a shape and a retrieval length."""
-        gain = self.retrieval_gain if retrieval_tokens else 0.0
+        gain = self.expected_gain() if retrieval_tokens else 0.0
         draft_s = self.draft_scale * costs.draft.get(tuple(widths), 0.0)
         step = draft_s + costs.verify_s(1 + sum(widths) + retrieval_tokens)
         return expected_tau(widths, self.acceptance, gain) * costs.verify_s(1) / step
 
-    def choose(self, target, draft, retrieval_options) -> tuple[tuple[int, ...], int]:
+    def choose(self, target, draft, retrieval_options,
+               prompt: torch.Tensor | None = None) -> tuple[tuple[int, ...], int]:
         """(beam_widths, retrieval_tokens) with the highest predicted speed-up; measures costs on first use. The
         previous call's choice is kept unless another is predicted `SWITCH_GAIN` times faster: a new shape costs a new
         compiled draft phase and new graphs, and estimates move a little with every call.
@@ -159,7 +173,11 @@ class TreePolicy:
         Args:
             retrieval_options: retrieval lengths to consider (tokens): the call's own, or (0, the default) when the
                 call names none.
+            prompt: (length,) int64, the call's prompt: its own retrieval gain is estimated when a retrieval length
+                is among the options (`retrieval.prompt_retrieval_gain`); None keeps the gain learnt so far.
         """
+        longest = max(retrieval_options)
+        self.prompt_gain = None if prompt is None or not longest else prompt_retrieval_gain(prompt, longest)
         param = next(target.parameters())
         key = (id(target), param.device, param.dtype)
         if key not in self.costs:
@@ -192,6 +210,9 @@ class TreePolicy:
         gain = retrieval_accepted / steps
         if retrieval_tokens:
             self.retrieval_gain = 0.5 * self.retrieval_gain + 0.5 * gain
+            if self.prompt_gain:  # how the gain while generating compares with the prompt's own estimate
+                ratio = min(max(gain / self.prompt_gain, 0.1), 10.0)
+                self.retrieval_scale = 0.5 * self.retrieval_scale + 0.5 * ratio
         if widths:
             tau = sum(accepted_lengths) / steps
             self.acceptance = 0.5 * self.acceptance + 0.5 * acceptance_from_tau(widths, tau, gain)
