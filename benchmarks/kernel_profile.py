@@ -5,7 +5,8 @@
 On a random-weight target of Qwen2.5-1.5B's shape with an untrained draft that reads the target's hidden state
 (τ ≈ 1, so the numbers are per STEP), tree [4,16,16,16,16] + a retrieval branch of 10:
 1. ms per step as users run it (CUDA graphs + compiled regions), with the draft's own vocabulary of 32,768 tokens
-   (`vocabulary.py`) and with the whole vocabulary, beside the plain CUDA-graph loop's ms per token;
+   (`vocabulary.py`) and with its 16,384 most frequent (`--vocab-sizes`; 0 = the whole vocabulary), beside the plain
+   CUDA-graph loop's ms per token; `--intermediate-size` narrows the draft's MLP;
 2. the kernels of each phase (draft / verification / greedy acceptance) from `torch.profiler`, with the same static
    step run without graphs (the same kernels a graph replays, launched one by one): count, summed GPU time and the
    heaviest kernels. Summed kernel time vs the graphed phase time shows what is kernel work and what is the gaps
@@ -25,7 +26,7 @@ from transformers_longspec import LongSpecDraft, static_step
 from transformers_longspec import generation as generation_module
 from transformers_longspec.bench import PlainGraphLoop, timed_call
 
-WIDTHS, RETRIEVAL, VOCAB = [4, 16, 16, 16, 16], 10, 32768
+WIDTHS, RETRIEVAL, VOCAB = [4, 16, 16, 16, 16], 10, 32768  # VOCAB: the draft's own vocabulary (frequent tokens)
 
 
 def plain_graph_ms(target, ids, new_tokens: int) -> float:
@@ -37,11 +38,12 @@ def plain_graph_ms(target, ids, new_tokens: int) -> float:
     return 1e3 * (tn - t1) / (new_tokens - 1)
 
 
-def step_ms(target, draft, ids, new_tokens: int, vocab: bool) -> dict:
+def step_ms(target, draft, ids, new_tokens: int, vocab: int) -> dict:
     """ms per step (draft / verification / other) of the second of two calls, graphs + compiled regions."""
     def call():
         return target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=new_tokens,
-                               longspec_beam_widths=WIDTHS, longspec_retrieval=RETRIEVAL, longspec_draft_vocab=vocab)
+                               longspec_beam_widths=WIDTHS, longspec_retrieval=RETRIEVAL,
+                               longspec_draft_vocab=vocab or False)
 
     _, first_s = timed_call(call, "cuda")
     timed_call(call, "cuda")
@@ -53,7 +55,7 @@ def step_ms(target, draft, ids, new_tokens: int, vocab: bool) -> dict:
             "draft_vocab_tokens": s.draft_vocab_tokens}
 
 
-def kernel_table(target, draft, ids, new_tokens: int, vocab: bool, top: int = 12) -> dict:
+def kernel_table(target, draft, ids, new_tokens: int, vocab: int, top: int = 12) -> dict:
     """Per phase: kernels per step, summed GPU ms per step and the `top` kernels by time, from one profiled call of
     the static step run without graphs (annotated phases: draft, verify, accept)."""
     engine_cls, phases = static_step.StaticTreeStep, {"_draft": "draft", "_verify": "verify",
@@ -66,7 +68,7 @@ def kernel_table(target, draft, ids, new_tokens: int, vocab: bool, top: int = 12
                 return originals[name](self, *args, **kwargs)
         return run
 
-    def without_graphs(target, draft, widths, retrieval_tokens, capacity, compile, draft_vocab=False):
+    def without_graphs(target, draft, widths, retrieval_tokens, capacity, compile, draft_vocab=0):
         return engine_cls(target, draft, widths, capacity, cuda_graphs=False, compile=compile,
                           retrieval_tokens=retrieval_tokens, draft_vocab=draft_vocab)
 
@@ -79,7 +81,8 @@ def kernel_table(target, draft, ids, new_tokens: int, vocab: bool, top: int = 12
         def call():
             return target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=new_tokens,
                                    longspec_beam_widths=WIDTHS, longspec_retrieval=RETRIEVAL,
-                                   longspec_draft_vocab=vocab, longspec_compile=True, longspec_static_shapes=True)
+                                   longspec_draft_vocab=vocab or False, longspec_compile=True,
+                                   longspec_static_shapes=True)
 
         call()  # compiled regions warm
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
@@ -125,26 +128,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--contexts", default="8192,30000")
     parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--vocab-sizes", default=f"{VOCAB},16384",
+                        help="draft vocabularies to time (frequent tokens; 0 = the whole vocabulary); the first is "
+                             "profiled kernel by kernel")
+    parser.add_argument("--intermediate-size", type=int, default=None, help="the draft MLP's width (default: the "
+                        "target's)")
     parser.add_argument("--out", default="kernel_profile.json")
     args = parser.parse_args()
+    sizes = [int(v) for v in args.vocab_sizes.split(",")]
     target = random_target("qwen2.5-1.5b")
-    draft = LongSpecDraft.from_target(target, target_hidden_input=True).to(device="cuda", dtype=torch.bfloat16)
+    narrow = {} if args.intermediate_size is None else {"intermediate_size": args.intermediate_size}
+    draft = LongSpecDraft.from_target(target, target_hidden_input=True, **narrow).to(device="cuda",
+                                                                                       dtype=torch.bfloat16)
     draft.set_draft_vocabulary(torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(0))
                                [:VOCAB])
     rows = []
     for context in [int(c) for c in args.contexts.split(",")]:
         ids = torch.randint(100, 20000, (1, context), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
         row = {"context": context, "plain_graph_ms_per_token": plain_graph_ms(target, ids, args.new_tokens)}
-        for vocab in (True, False):
-            row["vocab" if vocab else "full_vocab"] = step_ms(target, draft, ids, args.new_tokens, vocab)
+        for vocab in sizes:
+            row[f"vocab_{vocab}"] = step_ms(target, draft, ids, args.new_tokens, vocab)
         draft.free_static_buffers()
-        row["kernels"] = kernel_table(target, draft, ids, 32, vocab=True)
+        row["kernels"] = kernel_table(target, draft, ids, 32, vocab=sizes[0])
         draft.free_static_buffers()
         rows.append(row)
         print(json.dumps(row), flush=True)
     for row in rows:
         print(f"\n## context {row['context']}: plain_graph {row['plain_graph_ms_per_token']:.2f} ms/token")
-        for name in ("vocab", "full_vocab"):
+        for name in (f"vocab_{vocab}" for vocab in sizes):
             v = row[name]
             print(f"{name}: step {v['step_ms']:.2f} ms = draft {v['draft_ms']:.2f} + verify {v['verify_ms']:.2f} + "
                   f"other {v['other_ms']:.2f} (first call {v['first_call_s']:.1f} s)")
@@ -155,7 +166,8 @@ def main() -> None:
             for name, us in v["top_us_per_step"]:
                 print(f"    {us:8.1f} us  {name}")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "widths": WIDTHS,
-            "retrieval": RETRIEVAL, "draft_vocab": VOCAB}
+            "retrieval": RETRIEVAL, "draft_vocab": VOCAB, "vocab_sizes": sizes,
+            "intermediate_size": draft.config.intermediate_size}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
 

@@ -7,15 +7,17 @@
 #   bash benchmarks/lease_h200.sh wait SECS  # hold the machine up to SECS (or until DONE), pack ~/lease/out into
 #                                            # $OUT/lease.tgz (drafts in $OUT/drafts.tgz)
 # Pipeline (every phase logs to ~/lease/out/<phase>/, a failed phase does not stop the next; times on one H200):
-#   profile  (GPU alone, beside data + convert) where a training step's and a LongSpec step's time go, on random
-#            weights of the Qwen shape (train_profile.py, kernel_profile.py)                          ~2.5 min
+#   profile  (GPU alone, beside data + convert) where a LongSpec step's and a training step's time go, on random
+#            weights of the Qwen shape (kernel_profile.py; train_profile.py unless PROFILE_TRAIN=0)   ~2.5 min
 #   data     (CPU, beside convert) the corpus scans of both mixed recipes, once per tokenizer (`longspec data`,
 #            rows_cache): code of several languages + prose of the machine's packages and docs, long rows
 #   convert  GGUFs -> ~/qwen15 (bf16) and ~/smollm2 (fp32)                                             ~2 min
 #   chat     the Qwen target's own chat answers over short and long corpus documents (`longspec data --chat`) ~4 min
 #   gputests (beside chat, after profile) CUDA graphs, compiled step, feature drafts, retrieval, draft vocabulary,
 #            plain loop, 1,000-call long run
-#   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps)  ~9 min
+#   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps, from
+#            INIT_DRAFT when set: a saved or compact draft to continue), then its compact int8 copy, which the
+#            tau and bench phases load and `wait` brings back in parts                                 ~9 min
 #   smol     (SMOL=1 only, beside train and tau) SmolLM2 drafts at equal budget, one lever changed each
 #            (SMOL_VARIANTS), their tau in fp32 (tree / chain) beside the bundled draft's, then the bundled draft's
 #            successor (SMOL_FINAL_MIN minutes)
@@ -94,6 +96,7 @@ case "${1:-}" in
     phase train "$(( ${TRAIN_MIN:-7} * 60 + 150 ))" bash benchmarks/lease_h200.sh train
     wait "$tests_pid"
     [ -f "$draft/config.json" ] || draft=  # no trained draft (training failed or ran out of time): an untrained one
+    [ -z "$draft" ] || [ ! -f "$draft.int8.safetensors" ] || draft=$draft.int8.safetensors  # measure what is kept
     [ "${TAU_S:-160}" = 0 ] || phase tau "$(( ${TAU_S:-160} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
     [ -z "$smol_pid" ] || wait "$smol_pid"
     phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
@@ -144,8 +147,8 @@ case "${1:-}" in
   profile)  # where a training step's and a LongSpec step's time go (random weights of the Qwen shape)
     if [ "$DRY" = 1 ]; then echo "dry run: no GPU profile"; exit 0; fi
     pkg /tmp/pkg-profile
-    python3 benchmarks/train_profile.py --out "$OUT/train_profile.json"
-    python3 benchmarks/kernel_profile.py --contexts "${PROFILE_CONTEXTS:-8192,30000}" --out "$OUT/kernel_profile.json" ;;
+    python3 benchmarks/kernel_profile.py --contexts "${PROFILE_CONTEXTS:-8192,30000}" --out "$OUT/kernel_profile.json"
+    [ "${PROFILE_TRAIN:-1}" = 0 ] || python3 benchmarks/train_profile.py --out "$OUT/train_profile.json" ;;
   chat)  # the Qwen target's chat answers, cached for the train phase (which then generates none)
     pkg /tmp/pkg-chat
     # shellcheck disable=SC2046
@@ -154,8 +157,13 @@ case "${1:-}" in
   train)
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
       MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \
-      TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-2000}") --max-minutes $(dry 1 "${TRAIN_MIN:-7}")" \
-      bash benchmarks/gpu_train_mix.sh ;;
+      TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-2000}") --max-minutes $(dry 1 "${TRAIN_MIN:-7}") ${INIT_DRAFT:+--draft $INIT_DRAFT}" \
+      bash benchmarks/gpu_train_mix.sh
+    # the compact copy (one int8 file, `save_compact`): what the tau and bench phases load and what comes back
+    pkg /tmp/pkg-train && python3 -c 'import sys, torch
+from transformers_longspec import LongSpecDraft
+draft = LongSpecDraft.from_pretrained(sys.argv[1], dtype=torch.float32)
+print("compact draft:", draft.save_compact(sys.argv[2]))' "$HOME/draft-qwen15" "$HOME/draft-qwen15.int8.safetensors" ;;
   tau)  # the Qwen draft ($2; none: an untrained one) on held-out and public documents
     pkg /tmp/pkg-tau
     python3 benchmarks/tau_matrix.py --target "$HOME/qwen15" ${2:+--draft "$2"} --dtype "$(dry float32 bfloat16)" \
@@ -207,6 +215,9 @@ case "${1:-}" in
     tar czf "$OUT/lease.tgz" -C "$L" out status pipeline.log
     drafts=$(cd "$HOME" && ls -d draft-smol-final draft-smol-full draft-smol-nofeature 2>/dev/null)
     [ -z "$drafts" ] || tar czf "$OUT/drafts.tgz" -C "$HOME" $drafts
+    # the Qwen draft's compact file in parts of 15 MiB (files come back at most 16 MiB each): cat the parts
+    [ ! -f "$HOME/draft-qwen15.int8.safetensors" ] || \
+      split -b 15M -d "$HOME/draft-qwen15.int8.safetensors" "$OUT/draft-qwen15.int8.safetensors.part"
     ls -la "$OUT" ;;
   *)
     echo "usage: bash benchmarks/lease_h200.sh launch | sync | wait SECS" >&2; exit 2 ;;

@@ -72,9 +72,13 @@ def resolve_scale(scale: float | None, head_dim: int, *, caller: str) -> float:
     return float(scale)
 
 
-def check_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, device: torch.device, *, caller: str) -> None:
+def check_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, device: torch.device, *, caller: str,
+               visible_prefix: bool = False) -> int:
     """Check a boolean attention mask of shape (q_len, kv_len) or (batch or 1, q_len, kv_len).
 
+    With `visible_prefix` the mask may be narrower, (q_len, m) or (batch or 1, q_len, m) with 0 <= m <= kv_len: it
+    covers the last m keys and the first kv_len - m are visible to every query.
+    Returns: the mask's width m (kv_len without `visible_prefix`).
     Raises:
         TypeError: if the mask is not a tensor.
         ValueError: if it is not bool, has a shape that does not broadcast, or is on another device.
@@ -86,12 +90,16 @@ def check_mask(mask: torch.Tensor, batch: int, q_len: int, kv_len: int, device: 
             f"{caller}: `mask` must be torch.bool (True = may attend), got {mask.dtype}; "
             "convert a 0/1 mask with `mask != 0` (an additive 0/-inf bias with `bias == 0`)."
         )
-    ok_2d = mask.dim() == 2 and tuple(mask.shape) == (q_len, kv_len)
-    ok_3d = mask.dim() == 3 and mask.shape[0] in (1, batch) and tuple(mask.shape[1:]) == (q_len, kv_len)
+    width = mask.shape[-1] if mask.dim() in (2, 3) else -1
+    width_ok = width == kv_len or (visible_prefix and 0 <= width <= kv_len)
+    ok_2d = mask.dim() == 2 and mask.shape[0] == q_len and width_ok
+    ok_3d = mask.dim() == 3 and mask.shape[0] in (1, batch) and mask.shape[1] == q_len and width_ok
     if not (ok_2d or ok_3d):
+        cols = f"m <= {kv_len}" if visible_prefix else str(kv_len)
         raise ValueError(
-            f"{caller}: `mask` must have shape ({q_len}, {kv_len}) or ({batch} or 1, {q_len}, {kv_len}) "
-            f"= ([batch,] q_len, kv_len), got {tuple(mask.shape)}."
+            f"{caller}: `mask` must have shape ({q_len}, {cols}) or ({batch} or 1, {q_len}, {cols}) "
+            f"= ([batch,] q_len, {'masked keys' if visible_prefix else 'kv_len'}), got {tuple(mask.shape)}."
         )
     if mask.device != device:
         raise ValueError(f"{caller}: `mask` is on {mask.device} but q is on {device}; move it with .to(q.device).")
+    return width

@@ -6,9 +6,12 @@ What: `fused_mask_attn(q, k, v, mask)` computes softmax(q·kᵀ·scale masked by
     log-sum-exp (LSE) of the visible scaled scores. With the LSE, the result merges exactly with attention over
     a disjoint key set (the committed prefix) by `merge_attention_states` (LongSpec §3, hybrid tree attention).
 Layout: q (batch, n_heads, q_len, head_dim); k, v (batch, n_kv_heads, kv_len, head_dim); mask bool
-    (q_len, kv_len) or (batch or 1, q_len, kv_len), True = may attend; out like q; lse (batch, n_heads, q_len) fp32.
-    No causal mask is added: the mask alone decides (unlike LongSpec's kernel, which also applies a
-    bottom-right causal mask). A tree mask over [prefix; tree] keys looks like this (x = attend)::
+    (q_len, m) or (batch or 1, q_len, m) with m <= kv_len, True = may attend: it covers the LAST m keys, and the
+    first kv_len - m keys (a committed prefix) are visible to every query without a mask being read; m = kv_len is
+    a mask over every key. out like q; lse (batch, n_heads, q_len) fp32. No causal mask is added: the mask alone
+    decides (unlike LongSpec's kernel, which also applies a bottom-right causal mask). So one call computes the
+    whole hybrid tree attention of a verification step (`attention.py`). A tree mask over [prefix; tree] keys looks
+    like this (x = attend; with m = 4 only the right part is passed)::
 
         parents = [-1, 0, 0, 1]       prefix | tree
         node 0 (root)                  x x x | x . . .
@@ -21,8 +24,8 @@ Dtypes: float16, bfloat16, float32 (q, k, v share one dtype). Accumulation, soft
 Head dims: any 1 ≤ head_dim ≤ 256; 16, 32, 64, 128, 256 are the tested sizes, others are zero-padded to the next
     power of two (≥ 16) inside the kernel, which costs speed, not accuracy.
 GQA: any n_heads / n_kv_heads ratio (tested 1, 2, 4, 8); K/V are read per kv head, never repeated in memory.
-Sizes: any q_len and kv_len; meant for tree sizes up to ~512 queries and kv_len up to a few thousand. For the long
-    committed prefix use `prefix_attention.prefix_attn` (no mask to read) and merge the two.
+Sizes: any q_len and kv_len; meant for tree sizes up to ~512 queries. A long committed prefix costs no mask reads
+    (pass a mask over the tree part only); its key blocks are shared out between the splits like the others.
 Empty rows: a query row with no visible key returns out = 0 and lse = -inf (the ref does the same), so merging it
     with a prefix state returns the prefix state unchanged.
 Algorithm: flash-style online softmax in base 2 over BLOCK_N key blocks with `tl.dot`; the mask block is loaded
@@ -55,7 +58,9 @@ Devices: CUDA GPUs; CPU tensors only under TRITON_INTERPRET=1 (slow; for CI). Wi
 Tested: CPU under TRITON_INTERPRET=1 (triton 3.6; torch 2.13 and 2.11), all three dtypes, head dims 16-256 and 80,
     GQA 1/2/4/8, random, tree, all-true and fully masked rows; split-KV (torch 2.13 only): forced 2, 3 and clamped
     split counts with rows empty in some splits or in all, and num_splits=1 bit for bit equal to the default
-    unsplit path (and to the kernel before split-KV). NVIDIA H200 (triton 3.6, torch 2.11), before split-KV:
+    unsplit path (and to the kernel before split-KV); a visible prefix (mask narrower than the keys, ending inside
+    a key block and inside a split, widths 0 to kv_len) bit for bit equal to the mask with those columns set True.
+    NVIDIA H200 (triton 3.6, torch 2.11), before split-KV:
     fp16/bf16, head dims 64/128/256, q_len 16-512, kv_len 16-2560, GQA 1/4/7/8, eager and
     torch.compile(fullgraph=True); fp32 with every mask kind. Split-KV has not yet run on a GPU (the GPU tests
     include the verification shape: q_len 79, 12/2 heads, head_dim 128, kv_len 591, bf16). Forward only: no autograd.
@@ -95,17 +100,21 @@ def _dot(a, b, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
 @triton.jit
 def _attn_key_block(
     q, m_i, l_i, acc, start_n, k_base, v_base, mask_rows, stride_kn, stride_vn, stride_mn, row_ok, kv_len,
-    qk_scale_log2,
+    mask_start, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    """Fold keys [start_n, start_n + BLOCK_N) into the base-2 online-softmax state (m_i, l_i, acc)."""
+    """Fold keys [start_n, start_n + BLOCK_N) into the base-2 online-softmax state (m_i, l_i, acc). Keys before
+    `mask_start` are visible to every row (no mask read); key j >= mask_start reads mask column j - mask_start."""
     cols = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     col_ok = cols < kv_len
     kv_ok = col_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
     k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_ok, other=0.0)
-    visible = tl.load(mask_rows + cols[None, :] * stride_mn, mask=row_ok[:, None] & col_ok[None, :], other=False)
+    in_prefix = cols < mask_start
+    visible = tl.load(mask_rows + (cols - mask_start)[None, :] * stride_mn,
+                      mask=row_ok[:, None] & (col_ok & ~in_prefix)[None, :], other=False)
+    visible = visible | (in_prefix & col_ok)[None, :]
     s = _dot(q, tl.trans(k), DOT_PRECISION, INTERPRETED) * qk_scale_log2
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -128,7 +137,7 @@ def _tree_attn_fwd_kernel(
     stride_mb, stride_mm, stride_mn,
     stride_os, stride_ob, stride_oh, stride_om,
     stride_ls, stride_lb, stride_lh,
-    n_heads, kv_group, q_len, kv_len, keys_per_split, qk_scale_log2,
+    n_heads, kv_group, q_len, kv_len, mask_start, keys_per_split, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
@@ -160,7 +169,7 @@ def _tree_attn_fwd_kernel(
         while start_n < key_end:
             m_i, l_i, acc = _attn_key_block(
                 q, m_i, l_i, acc, start_n, k_base, v_base, mask_rows, stride_kn, stride_vn, stride_mn, row_ok,
-                kv_len, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, INTERPRETED,
+                kv_len, mask_start, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, INTERPRETED,
             )  # fmt: skip
             start_n += BLOCK_N
     else:
@@ -168,7 +177,7 @@ def _tree_attn_fwd_kernel(
         for start_n in range(key_start, key_end, BLOCK_N):
             m_i, l_i, acc = _attn_key_block(
                 q, m_i, l_i, acc, start_n, k_base, v_base, mask_rows, stride_kn, stride_vn, stride_mn, row_ok,
-                kv_len, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, INTERPRETED,
+                kv_len, mask_start, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, INTERPRETED,
             )  # fmt: skip
 
     # l_i == 0 exactly when a row saw no visible key in this split (otherwise its max term adds exp2(0) = 1):
@@ -304,7 +313,7 @@ def _fused_mask_attn_impl(
         mask.stride(0), mask.stride(1), mask.stride(2),
         stride_os, out.stride(0), out.stride(1), out.stride(2),
         stride_ls, lse.stride(0), lse.stride(1),
-        n_heads, n_heads // n_kv_heads, q_len, kv_len, blocks_per_split * block_n,
+        n_heads, n_heads // n_kv_heads, q_len, kv_len, kv_len - mask.shape[-1], blocks_per_split * block_n,
         scale * 1.4426950408889634,  # log2(e)
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=interpreted,
@@ -363,7 +372,7 @@ def fused_mask_attn(
     require_triton("fused_mask_attn")
     caller = "fused_mask_attn"
     batch, _, _, q_len, kv_len, head_dim = check_qkv(q, k, v, caller=caller)
-    check_mask(mask, batch, q_len, kv_len, q.device, caller=caller)
+    width = check_mask(mask, batch, q_len, kv_len, q.device, caller=caller, visible_prefix=True)
     scale = resolve_scale(scale, head_dim, caller=caller)
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(
@@ -377,7 +386,7 @@ def fused_mask_attn(
             "use fused_mask_attn_ref on CPU, or set TRITON_INTERPRET=1 before importing triton (slow, for tests)."
         )
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    mask = mask.expand(batch, q_len, kv_len) if mask.dim() == 2 else mask.expand(batch, -1, -1)
+    mask = mask.expand(batch, q_len, width) if mask.dim() == 2 else mask.expand(batch, -1, -1)
     return _fused_mask_attn_op(q, k, v, mask, scale, num_splits)
 
 
@@ -403,8 +412,10 @@ def fused_mask_attn_ref(
     """
     caller = "fused_mask_attn_ref"
     batch, n_heads, n_kv_heads, q_len, kv_len, head_dim = check_qkv(q, k, v, caller=caller)
-    check_mask(mask, batch, q_len, kv_len, q.device, caller=caller)
+    width = check_mask(mask, batch, q_len, kv_len, q.device, caller=caller, visible_prefix=True)
     scale = resolve_scale(scale, head_dim, caller=caller)
+    if width < kv_len:  # the first kv_len - width keys are visible to every query
+        mask = torch.cat([mask.new_ones(*mask.shape[:-1], kv_len - width), mask], dim=-1)
     compute_dtype = torch.float32 if upcast else q.dtype
     group = n_heads // n_kv_heads
     k = k.to(compute_dtype).repeat_interleave(group, dim=1)  # (batch, n_heads, kv_len, head_dim)

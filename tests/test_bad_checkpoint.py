@@ -84,12 +84,12 @@ def test_target_folder_instead_of_draft_folder(tmp_path):
 @pytest.mark.parametrize("path, message", [
     ("/no/such/draft", "no folder '/no/such/draft'"),
     ("./no-such-draft", "no folder './no-such-draft'"),
-    ("file", "is a file; pass the folder"),
+    ("file", "is not a compact LongSpec draft file .* pass a draft folder"),
 ])
 def test_path_that_is_not_a_draft_folder(path, message, tmp_path):
     if path == "file":
         path = tmp_path / "config.json"
         path.write_text("{}")
-        message = f"{path}' {message}"
+        message = f"{path} {message}"
     with pytest.raises(ValueError, match=message):
         LongSpecDraft.from_pretrained(path, target_model=make_target("llama"))

@@ -22,6 +22,23 @@ def test_draft_owns_no_target_weights(family):
     assert (draft.config.eos_token_id, draft.config.bos_token_id) == (target.config.eos_token_id, 1)
 
 
+def test_a_narrow_mlp_starts_from_the_targets_strongest_neurons():
+    """intermediate_size below the target's: the draft's MLP is the target's last-layer MLP restricted to the
+    neurons of largest ||up row|| x ||down column||, in their order; attention and norms are copied as they are."""
+    target = make_target("qwen2")
+    last = target.model.layers[-1].mlp
+    width = last.up_proj.weight.shape[0] // 4
+    draft = LongSpecDraft.from_target(target, intermediate_size=width)
+    strength = last.up_proj.weight.norm(dim=1) * last.down_proj.weight.norm(dim=0)
+    keep = strength.topk(width).indices.sort().values
+    mlp = draft.block.mlp
+    assert mlp.up_proj.weight.shape == (width, target.config.hidden_size)
+    assert torch.equal(mlp.gate_proj.weight, last.gate_proj.weight[keep])
+    assert torch.equal(mlp.up_proj.weight, last.up_proj.weight[keep])
+    assert torch.equal(mlp.down_proj.weight, last.down_proj.weight[:, keep])
+    assert torch.equal(draft.block.self_attn.q_proj.weight, target.model.layers[-1].self_attn.q_proj.weight)
+
+
 def test_save_load_round_trip(tmp_path, family):
     target = make_target(family)
     draft = LongSpecDraft.from_target(target, init_from_target=False, beam_widths=[3, 3])
@@ -123,3 +140,46 @@ def test_blockwise_sliding_window_equals_the_dense_mask(seq):
     grads = torch.autograd.grad(dense.square().sum(), (q, k, v))
     for got, want in zip(torch.autograd.grad(blocked.square().sum(), (q, k, v)), grads, strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_compact_file_round_trip_stays_exact(tmp_path):
+    """save_compact: one int8 file about a quarter of the fp32 weights; every matrix comes back within half a step
+    of its row's scale, norms and the vocabulary exactly, and generation with the reloaded draft is plain greedy."""
+    target = make_target("qwen2")
+    draft = LongSpecDraft.from_target(target, target_hidden_input=True, intermediate_size=48)
+    draft.set_draft_vocabulary(torch.arange(3, 60))
+    path = draft.save_compact(tmp_path / "draft.int8.safetensors")
+    draft.save_pretrained(tmp_path / "folder", model_card=False)
+    # int8 matrices + fp32 row scales (a real draft's file is ~26% of fp32; this tiny one carries relatively more
+    # scales, norms and vocabulary ids)
+    assert (tmp_path / "draft.int8.safetensors").stat().st_size < 0.4 * (tmp_path / "folder/model.safetensors").stat(
+    ).st_size
+    reloaded = LongSpecDraft.from_pretrained(path, target_model=target)
+    assert not reloaded.training and reloaded.config.intermediate_size == 48
+    saved, loaded = draft.state_dict(), reloaded.state_dict()
+    assert set(saved) == set(loaded)
+    for name, tensor in saved.items():
+        if tensor.dim() == 2:
+            step = tensor.abs().amax(dim=1, keepdim=True) / 127
+            assert ((loaded[name] - tensor).abs() <= step / 2 + 1e-7).all(), name
+            assert not tensor.any() or not torch.equal(loaded[name], tensor), name  # really rounded (0 stays 0)
+        else:
+            assert torch.equal(loaded[name], tensor), name
+    ids = torch.randint(3, 99, (1, 40), generator=torch.Generator().manual_seed(1))
+    plain = target.generate(ids, max_new_tokens=16, do_sample=False)
+    assert torch.equal(target.generate(ids, assistant_model=reloaded, max_new_tokens=16, do_sample=False), plain)
+
+
+def test_compact_file_errors_name_the_fix(tmp_path):
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target)
+    draft.save_pretrained(tmp_path / "folder", model_card=False)
+    with pytest.raises(ValueError, match="not a compact LongSpec draft"):
+        LongSpecDraft.from_pretrained(tmp_path / "folder/model.safetensors", target_model=target)
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        LongSpecDraft.from_pretrained(tmp_path / "notes.txt", target_model=target)
+    path = draft.save_compact(tmp_path / "draft.safetensors")
+    with pytest.raises(ValueError, match="target_model and dtype only"):
+        LongSpecDraft.from_pretrained(path, target_model=target, device_map="cpu")
+    assert LongSpecDraft.from_pretrained(path, dtype=torch.bfloat16).block.mlp.up_proj.weight.dtype == torch.bfloat16

@@ -38,6 +38,11 @@ def test_fill_adds_the_prompts_most_frequent_other_tokens(monkeypatch):
     assert torch.equal(vocab.weight, target.lm_head.weight[[10, 11, 12, 42, 41]])
     assert vocab.fill(draft, torch.tensor([12, 12])) == 0  # a new call: nothing of the last prompt stays
     assert vocab.ids[:3].tolist() == [10, 11, 12] and vocab.bias[3:].tolist() == [float("-inf")] * 2
+    fewer = DraftVocabulary(draft, frequent=2)  # 10 and 11 only: 12 counts as the prompt's own
+    assert fewer.fill(draft, torch.tensor([12, 40, 12])) == 2 and fewer.ids.tolist() == [10, 11, 12, 40]
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="this draft has 3; use 1 to 3"):
+            DraftVocabulary(draft, frequent=bad)
 
 
 def _recorded_trees(monkeypatch, module):
@@ -73,6 +78,12 @@ def test_drafts_propose_only_their_vocabulary_and_the_prompt_and_stay_exact(fami
     full = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=30,
                            longspec_static_shapes=static, longspec_retrieval=0, longspec_draft_vocab=False)
     assert torch.equal(full, plain) and draft.last_generation_stats.draft_vocab_tokens == 0
+    trees.clear()  # the 5 most frequent of the draft's tokens (60..64) and the prompt's: the others are never drafted
+    fewer = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=30,
+                            longspec_static_shapes=static, longspec_retrieval=0, longspec_draft_vocab=5)
+    drafted = {t for tokens, _ in trees for t in tokens[1:].tolist()}
+    assert torch.equal(fewer, plain) and trees and drafted <= set(range(60, 65)) | set(ids[0].tolist())
+    assert draft.last_generation_stats.draft_vocab_tokens == 5 + len(set(ids[0].tolist()))
 
 
 def test_siblings_stay_distinct_when_the_prompt_repeats_vocabulary_tokens(monkeypatch):
@@ -107,13 +118,18 @@ def test_bad_vocabulary_options_are_refused_with_the_fix():
     ids = _prompt(0, 12)
     with pytest.raises(ValueError, match="proposes from the whole vocabulary"):
         target.generate(ids, assistant_model=draft, max_new_tokens=4, longspec_draft_vocab=True)
-    with pytest.raises(ValueError, match="longspec_draft_vocab must be True, False or None"):
+    with pytest.raises(ValueError, match="proposes from the whole vocabulary"):
+        target.generate(ids, assistant_model=draft, max_new_tokens=4, longspec_draft_vocab=16)
+    with pytest.raises(ValueError, match="longspec_draft_vocab must be True, False, an int"):
         target.generate(ids, assistant_model=draft, max_new_tokens=4, longspec_draft_vocab="yes")
     with pytest.raises(ValueError, match="longspec_static_shapes must be True, False or None"):
         target.generate(ids, assistant_model=draft, max_new_tokens=4, longspec_static_shapes="yes")
     assert "_tree_policy" not in draft.__dict__  # refused before any work: the default tree was not even timed
     with pytest.raises(ValueError, match="repeats token ids"):
         draft.set_draft_vocabulary(torch.tensor([4, 4]))
+    draft.set_draft_vocabulary(torch.tensor([4, 5]))
+    with pytest.raises(ValueError, match="longspec_draft_vocab=3: this draft's vocabulary holds 2 frequent tokens"):
+        target.generate(ids, assistant_model=draft, max_new_tokens=4, longspec_draft_vocab=3)
     with pytest.raises(ValueError, match=r"token ids in \[0, 99\)"):
         draft.set_draft_vocabulary(torch.tensor([3, 99]))
     with pytest.raises(ValueError, match="a set of token ids, not a size"):

@@ -8,9 +8,11 @@ separately and merged exactly by their log-sum-exps:
       query i:  [ all visible, prefix kernel, returns LSE l1   | ancestors of i, masked kernel, LSE l2 ]
       out_i = o1 * exp(l1 - l) + o2 * exp(l2 - l),   l = logaddexp(l1, l2)
 
-so the O(T x C) part never materialises a mask. On a CPU in fp32, where a (T, C + T) boolean mask costs little and
-the split costs two extra passes over the cache per layer, the same attention is one SDPA call with the full mask
-(in bf16 / fp16 the split stays: the fused kernel's rounding would differ from it at near-ties).
+so the O(T x C) part never materialises a mask. On a GPU both parts are one Triton kernel (`fused_mask_attn` with
+a mask over the tree only: its key blocks in the committed cache read no mask), split over the keys and merged by
+the LSEs inside the kernel's combine step: two launches per layer instead of five. On a CPU in fp32, where a
+(T, C + T) boolean mask costs little, the same attention is one SDPA call with the full mask; elsewhere (CPU bf16 /
+fp16) the two parts run as their torch references and merge as above.
 Calls without the `longspec_tree_mask` kwarg (prefill, anything else) are plain SDPA.
 
 Reference: LongSpec (arXiv 2502.17421) §3.4 (hybrid tree attention); transformers `AttentionInterface`.
@@ -32,10 +34,11 @@ def _use_triton(query: torch.Tensor) -> bool:
 def hybrid_tree_attention(query, key, value, tree_mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of tree queries over [committed prefix; masked block] with a boolean mask on the last block only.
 
-    The keys split into an unmasked prefix (every query sees it: `prefix_attn`, flash with LSE) and the last
-    `tree_mask.shape[1]` keys under `tree_mask` (`fused_mask_attn`, Triton on CUDA, its exact reference elsewhere);
-    the two are merged by their LSEs. In the plain case the masked block is the tree itself (ancestor mask); the
-    static-shape decode step (`static_step.py`) also puts the tail of the committed cache there (visible rows set).
+    The keys split into an unmasked prefix (every query sees it) and the last `tree_mask.shape[1]` keys under
+    `tree_mask`. On CUDA one `fused_mask_attn` call covers both (prefix key blocks read no mask); elsewhere the
+    prefix runs as `prefix_attn`, the masked block as `fused_mask_attn_ref`, merged by their LSEs. In the plain
+    case the masked block is the tree itself (ancestor mask); the static-shape decode step (`static_step.py`) also
+    puts the tail of the committed cache there (visible rows set).
     It runs as the custom op `torch.ops.longspec.hybrid_tree_attention`, so `torch.compile` keeps it whole (an
     opaque call inside the compiled graph) instead of tracing into the kernels.
 
@@ -62,8 +65,9 @@ def _hybrid_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tree
         full = torch.cat([tree_mask.new_ones(tree_mask.shape[0], prefix), tree_mask], dim=1)
         return F.scaled_dot_product_attention(query, key, value, attn_mask=full, scale=scale,
                                               enable_gqa=query.shape[1] != key.shape[1]).contiguous()
-    tree_attn = fused_mask_attn if _use_triton(query) else fused_mask_attn_ref
-    out, lse_tree = tree_attn(query, key[:, :, prefix:], value[:, :, prefix:], tree_mask, scale)
+    if _use_triton(query):  # one kernel over [prefix; masked]: the prefix key blocks read no mask (split-KV)
+        return fused_mask_attn(query, key, value, tree_mask, scale)[0]
+    out, lse_tree = fused_mask_attn_ref(query, key[:, :, prefix:], value[:, :, prefix:], tree_mask, scale)
     if prefix > 0:
         out_prefix, lse_prefix = prefix_attn(query, key[:, :, :prefix], value[:, :, :prefix], scale)
         out, _ = merge_attention_states(out_prefix, lse_prefix, out, lse_tree)

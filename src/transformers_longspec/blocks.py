@@ -133,7 +133,10 @@ class LongSpecSelfAttention(nn.Module):
             return self.o_proj(out.transpose(1, 2).flatten(2)), k, v
         keys = k if past_keys is None else torch.cat([past_keys, k], dim=2)
         values = v if past_values is None else torch.cat([past_values, v], dim=2)
-        out = _attend(q, keys, values, mask=mask, scale=self.scaling)
+        if mask is not None and _HYBRID_TREE_ATTENTION is not None and q.is_cuda and q.dtype != torch.float32:
+            out = _HYBRID_TREE_ATTENTION(q, keys, values, mask, self.scaling)  # one Triton kernel, a mask over all
+        else:
+            out = _attend(q, keys, values, mask=mask, scale=self.scaling)
         return self.o_proj(out.transpose(1, 2).flatten(2)), k, v
 
 

@@ -198,21 +198,28 @@ def resolve_retrieval(generation_config: GenerationConfig, override=None) -> int
     return None if value is None else validate_retrieval_tokens(value)
 
 
-def resolve_draft_vocab(draft, generation_config: GenerationConfig, override=None) -> bool:
-    """Whether this call's draft proposes from its own vocabulary (`vocabulary.py`): `generate(longspec_draft_vocab=
-    ...)` > `generation_config.longspec_draft_vocab` > True when the draft has one. Raises ValueError for a non-bool
-    value, or True for a draft without a vocabulary of its own."""
+def resolve_draft_vocab(draft, generation_config: GenerationConfig, override=None) -> int:
+    """How many of the draft's frequent tokens this call proposes from (`vocabulary.py`; 0: the whole vocabulary):
+    `generate(longspec_draft_vocab=...)` > `generation_config.longspec_draft_vocab` > all of them when the draft has
+    a vocabulary of its own. True means all, False none, an int n the n most frequent (1 ≤ n ≤
+    `config.draft_vocab_size`). Raises ValueError for another value, or for True / an int with a draft without a
+    vocabulary of its own."""
     value = override if override is not None else getattr(generation_config, "longspec_draft_vocab", None)
-    has_one = bool(draft.config.draft_vocab_size)
+    size = draft.config.draft_vocab_size
     if value is None:
-        return has_one
-    if not isinstance(value, bool):
-        raise ValueError(f"longspec_draft_vocab must be True, False or None (the default: the draft's own vocabulary "
-                         f"when it has one), got {value!r}")
-    if value and not has_one:
-        raise ValueError("longspec_draft_vocab=True, but this draft proposes from the whole vocabulary "
+        return size
+    if not isinstance(value, (bool, int)):
+        raise ValueError(f"longspec_draft_vocab must be True, False, an int (how many of the draft's frequent tokens) "
+                         f"or None (the default: the draft's own vocabulary when it has one), got {value!r}")
+    if value is not False and not size:
+        raise ValueError(f"longspec_draft_vocab={value}, but this draft proposes from the whole vocabulary "
                          "(config.draft_vocab_size = 0); drop the option, or give the draft a vocabulary with "
                          "draft.set_draft_vocabulary(...)")
+    if isinstance(value, bool):
+        return size if value else 0
+    if not 1 <= value <= size:
+        raise ValueError(f"longspec_draft_vocab={value}: this draft's vocabulary holds {size} frequent tokens; use "
+                         f"1 to {size}, True for all of them or False for the whole vocabulary")
     return value
 
 
@@ -268,7 +275,8 @@ def longspec_tree_decode(
             `longspec_beam_widths=[]` the draft is never run: retrieval alone (exact prompt lookup).
         draft_vocab: `generate(longspec_draft_vocab=...)`: the draft proposes only from its own vocabulary and the
             prompt's tokens (`vocabulary.py`: its LM head reads a fraction of the rows); None (default) means True
-            for a draft that has one (`config.draft_vocab_size > 0`). Lossless either way.
+            for a draft that has one (`config.draft_vocab_size > 0`); an int n keeps its n most frequent tokens
+            (fewer rows, a cheaper draft step). Lossless either way.
             All five options may also be set on the `GenerationConfig` (`longspec_compile=...`); the call wins.
         **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
     Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
@@ -283,7 +291,7 @@ def longspec_tree_decode(
     device = input_ids.device
     static_shapes, compile = _resolve_static_options(static_shapes, compile, generation_config, device)
     widths, n_retrieval, policy = _default_tree(target, draft, widths, n_retrieval, input_ids[0])
-    use_vocab = use_vocab and bool(widths)
+    use_vocab = use_vocab if widths else 0
     stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths, retrieval_tokens=n_retrieval)
     draft.last_generation_stats = stats
     timer = _Timer(device)
@@ -294,7 +302,7 @@ def longspec_tree_decode(
         cache = drafter.start(input_ids)
     else:
         cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, capacity)
-        vocab = DraftVocabulary.for_prompt(draft, input_ids[0]) if use_vocab else None
+        vocab = DraftVocabulary.for_prompt(draft, input_ids[0], use_vocab) if use_vocab else None
         drafter = LongSpecCandidateGenerator(draft, cache, widths, n_retrieval, vocab)
     stats.draft_vocab_tokens = drafter.vocab.tokens if drafter.vocab is not None else 0
     logits = _prefill(target, drafter, input_ids, cache)
@@ -435,7 +443,7 @@ def _resolve_static_options(static_shapes, compile, generation_config: Generatio
 
 
 def _static_engine(target, draft, widths, retrieval_tokens: int, capacity: int, compile: bool = False,
-                   draft_vocab: bool = False) -> StaticTreeStep:
+                   draft_vocab: int = 0) -> StaticTreeStep:
     """The draft's `StaticTreeStep` for this call, reused when it fits (same models, tree, compile flag, draft
     vocabulary choice, enough capacity)."""
     engine = draft.__dict__.get("_static_step")

@@ -33,10 +33,14 @@ from .blocks import _HYBRID_TREE_ATTENTION, LongSpecBlock, sliding_window_attent
 from .checkpoint import (
     check_loading_info,
     check_saved_draft,
+    compact_file_config,
+    compare_state_shapes,
     create_hub_repo,
     local_draft_folder,
     non_finite_parameters,
+    read_compact_state,
     upload_draft_folder,
+    write_compact_file,
 )
 from .configuration import AssistantOnlyGenerationConfig, LongSpecConfig, check_target_config, size_mismatches
 
@@ -144,13 +148,17 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         """`PreTrainedModel.from_pretrained`, then `attach_target(target_model)` when one is given.
 
         A local folder is checked before any weight is read (`checkpoint.py`). The draft is moved to the target's
-        device and dtype unless `dtype`/`device_map` are passed.
-        Raises: ValueError, naming the problem and the fix, for a local path that is missing or a file, a folder
-            without a LongSpec config.json (e.g. the target's folder), missing / truncated safetensors, tensors
-            missing, unexpected or mis-shaped for the config, weights holding NaN or inf, or a draft that does not
-            fit `target_model` (see `attach_target`).
+        device and dtype unless `dtype`/`device_map` are passed. A compact draft file (`save_compact`: one
+        safetensors file, matrices in int8) loads too, dequantized; it takes `target_model` and `dtype` only.
+        Raises: ValueError, naming the problem and the fix, for a local path that is missing or a file that is not
+            a compact draft, a folder without a LongSpec config.json (e.g. the target's folder), missing / truncated
+            safetensors, tensors missing, unexpected or mis-shaped for the config, weights holding NaN or inf, or a
+            draft that does not fit `target_model` (see `attach_target`).
         Reference: transformers `PreTrainedModel.from_pretrained`.
         """
+        compact = compact_file_config(pretrained_model_name_or_path)
+        if compact is not None:
+            return cls._from_compact(pretrained_model_name_or_path, compact, target_model, kwargs)
         folder = local_draft_folder(pretrained_model_name_or_path, kwargs.get("subfolder", ""), kwargs)
         if folder is not None and kwargs.get("variant") is None:
             check_saved_draft(folder, cls)
@@ -171,6 +179,42 @@ class LongSpecDraft(LongSpecPreTrainedModel):
                 draft.to(device=param.device, dtype=param.dtype)
             draft.attach_target(target_model)
         return (draft, info) if want_info else draft
+
+    @classmethod
+    def _from_compact(cls, path, config: dict, target_model, kwargs: dict) -> LongSpecDraft:
+        """A draft from a compact file (`checkpoint.write_compact_file`), in eval mode, on the target's device and
+        dtype (or `dtype`), attached to `target_model` when one is given."""
+        dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+        if kwargs:
+            raise ValueError(f"a compact draft file loads with target_model and dtype only; got {sorted(kwargs)}")
+        draft = cls(cls.config_class.from_dict(config))
+        state = read_compact_state(path)
+        compare_state_shapes({k: tuple(v.shape) for k, v in state.items()},
+                             {k: tuple(v.shape) for k, v in draft.state_dict().items()}, path)
+        draft.load_state_dict(state)
+        broken = non_finite_parameters(draft)
+        if broken:
+            raise ValueError(f"the draft weights in {os.fspath(path)!r} hold NaN or inf ({broken[:4]}): a corrupted "
+                             "file or a diverged training run; write it again with draft.save_compact")
+        if target_model is not None:
+            param = next(target_model.parameters())
+            draft.to(device=param.device, dtype=dtype or param.dtype)
+            draft.attach_target(target_model)
+        elif dtype is not None:
+            draft.to(dtype=dtype)
+        return draft.eval()
+
+    def save_compact(self, path) -> str:
+        """Write the draft as ONE safetensors file with its matrices in int8 (one scale per row) and its config in
+        the metadata: about a quarter of the bf16 folder's size, for a draft kept in a repository or shipped with a
+        package. Load it with `LongSpecDraft.from_pretrained(path, target_model=target)`. Only the draft's
+        proposals change with the rounding; generation stays exact.
+
+        Args: path: the file to write, e.g. "draft.int8.safetensors".
+        Returns: the path written (str).
+        Reference: `checkpoint.write_compact_file`.
+        """
+        return os.fspath(write_compact_file(path, self.state_dict(), self.config.to_dict()))
 
     def attach_target(self, target_model) -> LongSpecDraft:
         """Use `target_model`'s embedding, LM head and rotary embedding (shared, never copied or saved).
@@ -268,7 +312,10 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         block, attn = self.block, last.self_attn
         pairs = [(getattr(block.self_attn, n), getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
         pairs += [(getattr(block.cross_attn, n), getattr(attn, n)) for n in ("q_proj", "o_proj")]
-        pairs += [(getattr(block.mlp, n), getattr(last.mlp, n)) for n in ("gate_proj", "up_proj", "down_proj")]
+        if block.mlp.up_proj.weight.shape == last.mlp.up_proj.weight.shape:
+            pairs += [(getattr(block.mlp, n), getattr(last.mlp, n)) for n in ("gate_proj", "up_proj", "down_proj")]
+        else:
+            self._copy_strongest_neurons(last.mlp)
         pairs += [(block.input_layernorm, last.input_layernorm),
                   (block.post_self_attention_layernorm, last.input_layernorm),
                   (block.post_cross_attention_layernorm, last.post_attention_layernorm),
@@ -278,6 +325,20 @@ class LongSpecDraft(LongSpecPreTrainedModel):
                 src = getattr(theirs, name, None)
                 if src is not None and src.shape == p.shape:
                     p.copy_(src.to(p.dtype))
+
+    def _copy_strongest_neurons(self, target_mlp) -> None:
+        """A draft MLP narrower than the target's (`intermediate_size` override) starts from the target's last-layer
+        neurons of largest ||up row|| x ||down column|| (their gate and up rows, their down columns), in their order;
+        a wider one keeps its random init."""
+        mlp, width = self.block.mlp, self.block.mlp.up_proj.weight.shape[0]
+        up, down = target_mlp.up_proj.weight, target_mlp.down_proj.weight
+        if width > up.shape[0] or mlp.up_proj.weight.shape[1] != up.shape[1]:
+            return
+        strength = up.float().norm(dim=1) * down.float().norm(dim=0)
+        keep = strength.topk(width).indices.sort().values
+        mlp.gate_proj.weight.copy_(target_mlp.gate_proj.weight[keep].to(mlp.gate_proj.weight.dtype))
+        mlp.up_proj.weight.copy_(up[keep].to(mlp.up_proj.weight.dtype))
+        mlp.down_proj.weight.copy_(down[:, keep].to(mlp.down_proj.weight.dtype))
 
     # ------------------------------------------------------------------ compute
     def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor):

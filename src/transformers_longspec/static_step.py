@@ -76,8 +76,9 @@ class StaticTreeStep:
         compile: run `draft_phase` and the target's decoder layers as `torch.compile` regions (module docstring).
         retrieval_tokens: length of the retrieval branch every tree carries (`retrieval.py`; 0: none); the lookup
             runs inside the draft graph over the token buffer.
-        draft_vocab: the draft proposes from its own vocabulary (`vocabulary.py`), refilled per call by `start`
-            (the decode loop asks for it only with a tree: retrieval alone never runs the draft).
+        draft_vocab: n > 0: the draft proposes from the n most frequent tokens of its own vocabulary
+            (`vocabulary.py`) and the prompt's, refilled per call by `start`; 0: from the whole vocabulary (the decode
+            loop asks for a vocabulary only with a tree: retrieval alone never runs the draft).
 
     Buffers (all on the target's device): the target cache (`LongSpecCache`, capacity rows), the draft's ring
     cache, the sequence's tokens `(capacity,)` int64, and the committed length `(,)` int64.
@@ -87,7 +88,7 @@ class StaticTreeStep:
     """
 
     def __init__(self, target, draft, beam_widths: tuple[int, ...], capacity: int, cuda_graphs: bool,
-                 compile: bool = False, retrieval_tokens: int = 0, draft_vocab: bool = False):
+                 compile: bool = False, retrieval_tokens: int = 0, draft_vocab: int = 0):
         device = next(target.parameters()).device
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA target, got one on {device}; use longspec_static_shapes=False "
@@ -96,7 +97,7 @@ class StaticTreeStep:
         self._weights = _weight_storage(target, draft)  # graphs read these buffers: new weights need new graphs
         self.beam_widths, self.cuda_graphs, self.device = tuple(beam_widths), cuda_graphs, device
         self.retrieval_tokens = retrieval_tokens
-        self.vocab = DraftVocabulary(draft) if draft_vocab else None
+        self.vocab = DraftVocabulary(draft, draft_vocab) if draft_vocab else None
         self.tree_size, self.depth = 1 + sum(beam_widths) + retrieval_tokens, len(beam_widths)
         self.capacity = _round_up(capacity + TAIL + self.tree_size, CAPACITY_STEP)
         self.cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, self.capacity)
@@ -125,12 +126,12 @@ class StaticTreeStep:
         self._draft_phase = _compile_draft_phase() if compile else draft_phase
 
     def fits(self, target, draft, beam_widths, capacity: int, compile: bool = False, retrieval_tokens: int = 0,
-             draft_vocab: bool = False) -> bool:
+             draft_vocab: int = 0) -> bool:
         """True if this engine serves a call with these models, tree shape, retrieval branch, capacity (tokens),
         compile flag and draft vocabulary choice."""
         return (self.target_ref() is target and self.draft_ref() is draft and self.beam_widths == tuple(beam_widths)
                 and self.compile == compile and self.retrieval_tokens == retrieval_tokens
-                and (self.vocab is not None) == draft_vocab
+                and (self.vocab.frequent if self.vocab is not None else 0) == draft_vocab
                 and capacity + TAIL + self.tree_size <= self.capacity
                 and _weight_storage(target, draft) == self._weights)
 

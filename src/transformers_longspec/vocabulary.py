@@ -33,30 +33,39 @@ class DraftVocabulary:
 
     Args:
         draft: an attached `LongSpecDraft` with `config.draft_vocab_size > 0`.
+        frequent: how many of the draft's frequent tokens to keep, the most frequent first (1 ≤ frequent ≤
+            `draft_vocab_size`); None keeps them all. Fewer rows make the LM head cheaper; the rest of the draft's
+            tokens may still come in as the prompt's own.
 
     Tensors (on the draft's device, allocated once, refilled by `fill`): `ids` (size,) int64 token ids; `weight`
     (size, hidden) in the LM head's dtype; `bias` (size,) fp32, 0 for a token and -inf for a padding slot; size =
-    `draft_vocab_size + PROMPT_SLOTS`. `tokens`: how many slots hold a token after the last `fill`.
+    `frequent + PROMPT_SLOTS`. `tokens`: how many slots hold a token after the last `fill`.
 
-    Raises: ValueError if the draft has no vocabulary of its own (`draft_vocab_size == 0`).
+    Raises: ValueError if the draft has no vocabulary of its own (`draft_vocab_size == 0`) or `frequent` is out of
+        range.
     Reference: module docstring.
     """
 
-    def __init__(self, draft):
+    def __init__(self, draft, frequent: int | None = None):
         if not draft.config.draft_vocab_size:
             raise ValueError("this draft proposes from the whole vocabulary (config.draft_vocab_size = 0); give it "
                              "one with draft.set_draft_vocabulary(frequent_tokens(...))")
+        self.frequent = draft.config.draft_vocab_size if frequent is None else frequent
+        if not 1 <= self.frequent <= draft.config.draft_vocab_size:
+            raise ValueError(f"a draft vocabulary of {self.frequent} frequent tokens: this draft has "
+                             f"{draft.config.draft_vocab_size}; use 1 to {draft.config.draft_vocab_size}")
         head = draft.shared_lm_head
-        size = draft.config.draft_vocab_size + PROMPT_SLOTS
+        size = self.frequent + PROMPT_SLOTS
         self.ids = torch.zeros(size, dtype=torch.long, device=head.weight.device)
         self.weight = head.weight.new_zeros(size, head.weight.shape[1])
         self.bias = torch.zeros(size, dtype=torch.float32, device=head.weight.device)
         self.tokens = 0
 
     @classmethod
-    def for_prompt(cls, draft, prompt: torch.Tensor) -> DraftVocabulary:
-        """A vocabulary allocated and filled for `prompt` (prompt_len,) int64 (see `fill`)."""
-        vocab = cls(draft)
+    def for_prompt(cls, draft, prompt: torch.Tensor, frequent: int | None = None) -> DraftVocabulary:
+        """A vocabulary of `frequent` tokens (see the class) allocated and filled for `prompt` (prompt_len,) int64
+        (see `fill`)."""
+        vocab = cls(draft, frequent)
         vocab.fill(draft, prompt)
         return vocab
 
@@ -69,6 +78,7 @@ class DraftVocabulary:
         if torch.unique(frequent).numel() != frequent.numel():  # siblings must stay distinct (sampling's rule)
             raise ValueError("the draft's vocabulary (draft_vocab) repeats token ids: a corrupted file; set it again "
                              "with draft.set_draft_vocabulary(ids)")
+        frequent = frequent[: self.frequent]
         known = torch.zeros(draft.config.vocab_size, dtype=torch.bool, device=frequent.device)
         known[frequent] = True
         prompt = prompt.to(frequent.device)

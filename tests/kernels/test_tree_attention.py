@@ -28,6 +28,7 @@ from kernel_helpers import (
     max_abs_err,
     needs_gpu,
     needs_kernel,
+    random_parents,
     random_qkv,
     tree_ancestor_mask,
 )
@@ -148,6 +149,35 @@ def test_kernel_one_split_is_default_path_bit_for_bit(gen):
     assert torch.equal(out_one, out_default) and torch.equal(lse_one, lse_default)
 
 
+@needs_kernel
+@pytest.mark.parametrize("width", (0, 1, 70, 150))
+@pytest.mark.parametrize("num_splits", (None, 1, 3))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_kernel_visible_prefix_equals_the_full_mask(dtype, num_splits, width, gen):
+    """A mask over the last `width` keys leaves the first 150 - width visible to every row (the committed prefix
+    of hybrid tree attention): bit for bit the kernel with those columns set True, and within the B10 bound of the
+    ref. Width 70 ends the prefix inside a key block of 64 and, with 3 splits, inside the second split; rows with
+    an empty masked part still see the prefix."""
+    batch, q_len, kv_len = 2, 20, 150
+    q, k, v = random_qkv(batch, 4, 2, q_len, kv_len, 16, dtype, KERNEL_DEVICE, gen)
+    masked = make_mask("empty_rows", batch, q_len, width, gen).to(KERNEL_DEVICE)
+    full = torch.cat([masked.new_ones(batch, q_len, kv_len - width), masked], dim=2)
+    out, lse = _check_against_ref(q, k, v, masked, num_splits=num_splits)
+    out_full, lse_full = fused_mask_attn(q, k, v, full, num_splits=num_splits)
+    assert torch.equal(out, out_full) and torch.equal(lse, lse_full)
+    if width < kv_len:
+        assert torch.isfinite(lse).all()
+
+
+def test_ref_visible_prefix_equals_the_full_mask(gen):
+    """The ref with a mask over the last 5 of 11 keys is exactly the ref with the first 6 columns set True."""
+    q, k, v = random_qkv(1, 4, 2, 7, 11, 16, torch.float32, "cpu", gen)
+    masked = make_mask("empty_rows", 1, 7, 5, gen)[0]
+    full = torch.cat([masked.new_ones(7, 6), masked], dim=1)
+    for got, expected in zip(fused_mask_attn_ref(q, k, v, masked), fused_mask_attn_ref(q, k, v, full)):
+        assert torch.equal(got, expected)
+
+
 @pytest.mark.skipif(not triton_available(), reason="the block sizes come from triton.next_power_of_2")
 @pytest.mark.parametrize(
     "q_len,n_heads,kv_len,expected",
@@ -195,7 +225,8 @@ def test_launcher_rejects_bad_num_splits(num_splits, gen):
     "change,message",
     [
         (lambda q, k, v, m: (q, k, v, m.int()), "torch.bool"),
-        (lambda q, k, v, m: (q, k, v, m[:, :-1]), "mask"),
+        (lambda q, k, v, m: (q, k, v, torch.cat([m, m[:, :1]], dim=1)), "mask"),  # wider than the keys
+        (lambda q, k, v, m: (q, k, v, m[:-1]), "mask"),
         (lambda q, k, v, m: (q.half(), k, v, m), "one dtype"),
         (lambda q, k, v, m: (q[:, :3], k, v, m), "multiple of n_kv_heads"),
         (lambda q, k, v, m: (q[0], k, v, m), "4-D"),
@@ -285,12 +316,15 @@ def test_kernel_gpu_fp32_and_mask_kinds(mask_kind, gen):
 
 @needs_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("q_len,prefix", ((79, 0), (79, 8192), (16, 8192), (1, 30000)))
 @pytest.mark.parametrize("mode", ("eager", "compiled", "cuda_graph"))
-def test_kernel_gpu_verification_shape(mode, gen):
-    """The verification step of the target: q_len 79 tree queries, 12/2 heads, head_dim 128, over 591 keys (a
-    512-row cache tail + the tree), bf16. The heuristic splits it (24 programs) on any GPU with more than 24 SMs."""
-    q, k, v = random_qkv(1, 12, 2, 79, 591, 128, torch.bfloat16, "cuda", gen)
-    mask = make_mask("tree", 1, 79, 591, gen).cuda()
+def test_kernel_gpu_verification_shape(mode, q_len, prefix, gen):
+    """The verification step of the target: q_len 79 tree queries, 12/2 heads, head_dim 128, over a committed prefix
+    that reads no mask and 512 + q_len masked keys (a 512-row cache tail + the tree), bf16; q_len 16 and 1 are a
+    draft level's cross-attention and a plain step. The heuristic splits them on any GPU with more than 24 SMs."""
+    kv_len = prefix + 512 + q_len
+    q, k, v = random_qkv(1, 12, 2, q_len, kv_len, 128, torch.bfloat16, "cuda", gen)
+    mask = make_mask("tree", 1, q_len, 512 + q_len, gen).cuda()
     if mode == "cuda_graph":
         fused_mask_attn(q, k, v, mask)  # compile the kernels before the capture
         graph = torch.cuda.CUDAGraph()
@@ -306,3 +340,25 @@ def test_kernel_gpu_verification_shape(mode, gen):
     ref_fp32 = fused_mask_attn_ref(q, k, v, mask)
     ref_low = fused_mask_attn_ref(q, k, v, mask, upcast=False)
     assert_within_ref_bound(result, ref_fp32, ref_low, torch.bfloat16)
+
+
+@needs_kernel
+@pytest.mark.parametrize("prefix,tail,visible", [(0, 8, 5), (150, 8, 3), (150, 0, 0)])
+def test_hybrid_tree_attention_is_one_kernel_call(prefix, tail, visible, gen, monkeypatch):
+    """The package's hybrid tree attention on the kernel device: [prefix | cache tail (first `visible` rows valid) |
+    tree] in one `fused_mask_attn` call (prefix blocks read no mask), within the B10 bound of the ref over the keys a
+    query may see; the prefix / tree split is never taken."""
+    from transformers_longspec import attention
+
+    monkeypatch.setattr(attention, "_use_triton", lambda query: True)  # CPU tensors reach it under the interpreter
+    monkeypatch.setattr(attention, "prefix_attn", None)  # the two-pass path would fail on calling it
+    tree_size = 6
+    q, k, v = random_qkv(1, 4, 2, tree_size, prefix + tail + tree_size, 16, torch.bfloat16, KERNEL_DEVICE, gen)
+    tree = tree_ancestor_mask(random_parents(tree_size, gen))
+    tail_visible = (torch.arange(tail) < visible).expand(tree_size, tail)
+    mask = torch.cat([tail_visible, tree], dim=1).to(KERNEL_DEVICE)
+    out = attention.hybrid_tree_attention(q, k, v, mask, 0.25)
+    ref_fp32 = fused_mask_attn_ref(q.cpu(), k.cpu(), v.cpu(), mask.cpu(), 0.25)
+    ref_low = fused_mask_attn_ref(q.cpu(), k.cpu(), v.cpu(), mask.cpu(), 0.25, upcast=False)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    assert_within_ref_bound((out,), ref_fp32, ref_low, torch.bfloat16)  # out only: the op returns no LSE

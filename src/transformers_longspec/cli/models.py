@@ -68,13 +68,16 @@ def load_tokenizer(spec: str):
 
 
 def check_draft_option(path: str) -> None:
-    """Raise ValueError naming `--draft` unless `path` is a saved LongSpec draft folder or a Hub id (cheap: no load).
+    """Raise ValueError naming `--draft` unless `path` is a saved LongSpec draft folder, a compact draft file
+    (`save_compact`) or a Hub id (cheap: no load).
 
-    Raises: ValueError (a missing path, a file, a folder without a LongSpec config.json).
+    Raises: ValueError (a missing path, another file, a folder without a LongSpec config.json).
     """
-    from ..checkpoint import local_draft_folder, read_draft_config
+    from ..checkpoint import compact_file_config, local_draft_folder, read_draft_config
 
     try:
+        if compact_file_config(path) is not None:
+            return
         folder = local_draft_folder(path)
         if folder is not None:
             read_draft_config(folder)

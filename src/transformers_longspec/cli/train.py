@@ -59,7 +59,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                    "as at max_steps; the learning-rate schedule advances with the clock too (it ends when M does "
                    "if the steps fall behind max_steps)")
     p.add_argument("--draft", default=None, metavar="FOLDER",
-                   help="continue from this saved draft instead of building a new one from the target")
+                   help="continue from this saved draft (a folder, or a compact file of draft.save_compact) instead "
+                        "of building a new one from the target")
     p.add_argument("--lora", action="store_true", help="LoRA-adapt the --draft (needs peft) instead of full training")
     p.add_argument("--lora-r", type=int, default=16, metavar="R", help="LoRA rank (default 16)")
     p.add_argument("--lora-alpha", type=int, default=32, metavar="ALPHA",
