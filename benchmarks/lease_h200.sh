@@ -15,9 +15,10 @@
 #   chat     the Qwen target's own chat answers over short and long corpus documents (`longspec data --chat`) ~4 min
 #   gputests (beside chat, after profile) CUDA graphs, compiled step, feature drafts, retrieval, draft vocabulary,
 #            plain loop, 1,000-call long run
-#   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps, from
-#            INIT_DRAFT when set: a saved or compact draft to continue), then its compact int8 copy, which the
-#            tau and bench phases load and `wait` brings back in parts                                 ~9 min
+#   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps), continued
+#            from the committed drafts/qwen2.5-coder-1.5b-instruct.int8.safetensors (INIT_DRAFT: another saved or
+#            compact draft; empty: a new one), then its compact int8 copy, which the tau and bench phases load
+#            and `wait` brings back in parts (commit it over the old one when its tau holds up)          ~9 min
 #   smol     (SMOL=1 only, beside train and tau) SmolLM2 drafts at equal budget, one lever changed each
 #            (SMOL_VARIANTS), their tau in fp32 (tree / chain) beside the bundled draft's, then the bundled draft's
 #            successor (SMOL_FINAL_MIN minutes)
@@ -154,7 +155,10 @@ case "${1:-}" in
     # shellcheck disable=SC2046
     python3 -m transformers_longspec.cli data --chat --recipe "$RECIPE" --target "$HOME/qwen15" \
       $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-240}")")") ;;
-  train)
+  train)  # continues the committed compact draft unless INIT_DRAFT says otherwise (INIT_DRAFT= : a new draft)
+    INIT_DRAFT=${INIT_DRAFT-$PWD/drafts/qwen2.5-coder-1.5b-instruct.int8.safetensors}
+    [ -z "$INIT_DRAFT" ] || [ -f "$INIT_DRAFT" ] || INIT_DRAFT=
+    [ "$DRY" = 0 ] || INIT_DRAFT=  # the dry run's target is a small stand-in: a new draft
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
       MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \
       TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-2000}") --max-minutes $(dry 1 "${TRAIN_MIN:-7}") ${INIT_DRAFT:+--draft $INIT_DRAFT}" \

@@ -6,9 +6,9 @@ What: `fused_mask_attn(q, k, v, mask)` computes softmax(q·kᵀ·scale masked by
     log-sum-exp (LSE) of the visible scaled scores. With the LSE, the result merges exactly with attention over
     a disjoint key set (the committed prefix) by `merge_attention_states` (LongSpec §3, hybrid tree attention).
 Layout: q (batch, n_heads, q_len, head_dim); k, v (batch, n_kv_heads, kv_len, head_dim); mask bool
-    (q_len, m) or (batch or 1, q_len, m) with m <= kv_len, True = may attend: it covers the LAST m keys, and the
-    first kv_len - m keys (a committed prefix) are visible to every query without a mask being read; m = kv_len is
-    a mask over every key. out like q; lse (batch, n_heads, q_len) fp32. No causal mask is added: the mask alone
+    (q_len, kv_len) or (batch or 1, q_len, kv_len), True = may attend. With `visible_prefix=True` the mask may be
+    narrower, (…, q_len, m), m <= kv_len: it covers the LAST m keys, and the first kv_len - m keys (a committed
+    prefix) are visible to every query without a mask being read. out like q; lse (batch, n_heads, q_len) fp32. No causal mask is added: the mask alone
     decides (unlike LongSpec's kernel, which also applies a bottom-right causal mask). So one call computes the
     whole hybrid tree attention of a verification step (`attention.py`). A tree mask over [prefix; tree] keys looks
     like this (x = attend; with m = 4 only the right part is passed)::
@@ -60,17 +60,21 @@ Tested: CPU under TRITON_INTERPRET=1 (triton 3.6; torch 2.13 and 2.11), all thre
     split counts with rows empty in some splits or in all, and num_splits=1 bit for bit equal to the default
     unsplit path (and to the kernel before split-KV); a visible prefix (mask narrower than the keys, ending inside
     a key block and inside a split, widths 0 to kv_len) bit for bit equal to the mask with those columns set True.
-    NVIDIA H200 (triton 3.6, torch 2.11), before split-KV:
-    fp16/bf16, head dims 64/128/256, q_len 16-512, kv_len 16-2560, GQA 1/4/7/8, eager and
-    torch.compile(fullgraph=True); fp32 with every mask kind. Split-KV has not yet run on a GPU (the GPU tests
-    include the verification shape: q_len 79, 12/2 heads, head_dim 128, kv_len 591, bf16). Forward only: no autograd.
-Speed (H200, bf16, 32/8 heads, head_dim 128, random mask, kernel time under CUDA graphs, before split-KV, i.e. one
-    split): q_len/kv_len 16/16 3.1 µs, 64/1088 22.6 µs, 512/512 17.7 µs, 512/4096 109 µs; torch SDPA with the same
-    bool mask (no LSE, K/V repeated) takes 12.4 / 36.6 / 25.9 / 119 µs. Few query rows over long keys under-filled
-    the GPU (16/4096: 78 µs with one program per head; `prefix_attn` takes 18.6 µs there), and the verification
-    shape (q_len 79, 12/2 heads, kv_len 591) took 24 µs per call on 24 programs: split-KV targets these cases, and
-    its speed is not yet measured on the GPU. Eager calls cost ~80-120 µs of CPU time each (custom-op dispatch,
-    Triton's launcher, checks), and a split call launches a second kernel: compile or CUDA-graph the decode step.
+    NVIDIA H200 (triton 3.6, torch 2.11): fp16/bf16, head dims 64/128/256, q_len 16-512, kv_len 16-2560, GQA
+    1/4/7/8, eager and torch.compile(fullgraph=True); fp32 with every mask kind; split-KV with a visible prefix at
+    the decode shapes (12/2 heads, head_dim 128, bf16: q_len 79 over 591 and 8,783 keys, 16 over 8,720, 1 over
+    30,513), eager, compiled and CUDA-graphed (`-m gpu`: 190 passed, session 11). Forward only: no autograd.
+Speed (H200, bf16, kernel time per decode step of Qwen2.5-1.5B's shape at 8k, `benchmarks/kernel_profile.py`):
+    the verification's 28 calls (q_len 79, 12/2 heads over 8,783 keys, a mask over the last 591) take 922 µs +
+    121 µs of combine, 33 + 4 µs per call: the same as the two-pass path it replaced (flash-decoding over the
+    prefix 18.8 + 6.4 µs, this kernel over the 591 masked keys 6.3 + 4.1 µs, then the LSE merge), in two launches
+    instead of five. The draft's 10 calls (self-attention over ~600 masked keys, cross-attention over the target's
+    cache) take 99 + 48 µs, ~240 µs before (cuDNN SDPA with a mask 113 µs, flash-decoding + combine 118 µs).
+    Earlier, unsplit (one program per query block and head): q_len/kv_len 16/16 3.1 µs, 64/1088 22.6 µs, 512/512
+    17.7 µs, 512/4096 109 µs vs torch SDPA with the same bool mask 12.4 / 36.6 / 25.9 / 119 µs. Each program reads
+    its kv head's K/V for one query head (GQA not packed): the verification re-reads each key 6 times from L2.
+    Eager calls cost ~80-120 µs of CPU time each (custom-op dispatch, Triton's launcher, checks), and a split call
+    launches a second kernel: compile or CUDA-graph the decode step.
 Limits: offsets are 64-bit per (batch, head, split) base, 32-bit within a head; split scratch costs
     S · batch · n_heads · q_len · (head_dim + 1) · 4 bytes; no dropout, no bias, no softcap.
 """
@@ -281,7 +285,8 @@ def _fused_mask_attn_impl(
 
     Args:
         q: (batch, n_heads, q_len, head_dim); k, v: (batch, n_kv_heads, kv_len, head_dim); last dims contiguous.
-        mask: (batch, q_len, kv_len) bool (any strides; stride 0 broadcasts), True = attend.
+        mask: (batch, q_len, m) bool, m <= kv_len, over the last m keys (any strides; stride 0 broadcasts), True =
+            attend; the first kv_len - m keys are visible to every query.
         scale: softmax scale applied to q·k.
         num_splits: requested split count (int ≥ 1, clamped by `_split_plan`), or None for the heuristic.
     Returns: out like q; lse (batch, n_heads, q_len) fp32, natural log.
@@ -342,6 +347,7 @@ def fused_mask_attn(
     scale: float | None = None,
     *,
     num_splits: int | None = None,
+    visible_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked attention with its log-sum-exp, through the Triton kernel `_tree_attn_fwd_kernel`.
 
@@ -352,13 +358,16 @@ def fused_mask_attn(
             reads kv head h // (n_heads // n_kv_heads).
         v: same shape as `k`.
         mask: bool, (q_len, kv_len) or (batch or 1, q_len, kv_len); True = the query may attend to the key.
-            Any strides (slices of a bigger mask are fine).
+            Any strides (slices of a bigger mask are fine). With `visible_prefix`, (…, q_len, m) for any
+            m <= kv_len: the mask covers the last m keys and the first kv_len - m are visible to every query (their
+            key blocks read no mask: hybrid tree attention over [committed prefix; tree] in one call).
         scale: softmax scale on q·k; None means 1 / sqrt(head_dim).
         num_splits: how many key ranges to attend over in parallel before merging them by their LSEs (split-KV);
             None (default) chooses from the shapes and the device's SM count only, so it is fixed under
             torch.compile and CUDA graphs. A count above the number of key blocks is clamped, and any count is
             rounded down so every split gets whole, non-empty key blocks. 1 runs the unsplit kernel. Every count
             gives the same result up to rounding.
+        visible_prefix: accept a mask narrower than the keys (see `mask`); without it that is an error.
     Returns: (out, lse). out: (batch, n_heads, q_len, head_dim), dtype of q. lse: (batch, n_heads, q_len), fp32,
         natural log of Σ_visible exp(q·k·scale). Rows with no visible key give out = 0 and lse = -inf.
     Raises:
@@ -372,7 +381,7 @@ def fused_mask_attn(
     require_triton("fused_mask_attn")
     caller = "fused_mask_attn"
     batch, _, _, q_len, kv_len, head_dim = check_qkv(q, k, v, caller=caller)
-    width = check_mask(mask, batch, q_len, kv_len, q.device, caller=caller, visible_prefix=True)
+    width = check_mask(mask, batch, q_len, kv_len, q.device, caller=caller, visible_prefix=visible_prefix)
     scale = resolve_scale(scale, head_dim, caller=caller)
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(
@@ -398,11 +407,12 @@ def fused_mask_attn_ref(
     scale: float | None = None,
     *,
     upcast: bool = True,
+    visible_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact, readable torch twin of `fused_mask_attn`; also its CPU path.
 
     Args:
-        q, k, v, mask, scale: as in `fused_mask_attn` (any device, any head_dim).
+        q, k, v, mask, scale, visible_prefix: as in `fused_mask_attn` (any device, any head_dim).
         upcast: compute in fp32 (default, the reference). False computes scores, softmax and p·v in the input
             dtype; the tests use it to measure the error a low-precision implementation is allowed (STYLE B10).
     Returns: (out, lse) as in `fused_mask_attn`: out (batch, n_heads, q_len, head_dim) in q's dtype,
@@ -412,7 +422,7 @@ def fused_mask_attn_ref(
     """
     caller = "fused_mask_attn_ref"
     batch, n_heads, n_kv_heads, q_len, kv_len, head_dim = check_qkv(q, k, v, caller=caller)
-    width = check_mask(mask, batch, q_len, kv_len, q.device, caller=caller, visible_prefix=True)
+    width = check_mask(mask, batch, q_len, kv_len, q.device, caller=caller, visible_prefix=visible_prefix)
     scale = resolve_scale(scale, head_dim, caller=caller)
     if width < kv_len:  # the first kv_len - width keys are visible to every query
         mask = torch.cat([mask.new_ones(*mask.shape[:-1], kv_len - width), mask], dim=-1)

@@ -25,8 +25,11 @@ def test_draft_owns_no_target_weights(family):
 def test_a_narrow_mlp_starts_from_the_targets_strongest_neurons():
     """intermediate_size below the target's: the draft's MLP is the target's last-layer MLP restricted to the
     neurons of largest ||up row|| x ||down column||, in their order; attention and norms are copied as they are."""
-    target = make_target("qwen2")
+    target = make_target("llama", mlp_bias=True)
     last = target.model.layers[-1].mlp
+    with torch.no_grad():
+        for proj in (last.gate_proj, last.up_proj, last.down_proj):
+            proj.bias.normal_(generator=torch.Generator().manual_seed(2))
     width = last.up_proj.weight.shape[0] // 4
     draft = LongSpecDraft.from_target(target, intermediate_size=width)
     strength = last.up_proj.weight.norm(dim=1) * last.down_proj.weight.norm(dim=0)
@@ -36,6 +39,8 @@ def test_a_narrow_mlp_starts_from_the_targets_strongest_neurons():
     assert torch.equal(mlp.gate_proj.weight, last.gate_proj.weight[keep])
     assert torch.equal(mlp.up_proj.weight, last.up_proj.weight[keep])
     assert torch.equal(mlp.down_proj.weight, last.down_proj.weight[:, keep])
+    assert torch.equal(mlp.up_proj.bias, last.up_proj.bias[keep]) and torch.equal(mlp.down_proj.bias,
+                                                                                  last.down_proj.bias)
     assert torch.equal(draft.block.self_attn.q_proj.weight, target.model.layers[-1].self_attn.q_proj.weight)
 
 
@@ -170,7 +175,7 @@ def test_compact_file_round_trip_stays_exact(tmp_path):
     assert torch.equal(target.generate(ids, assistant_model=reloaded, max_new_tokens=16, do_sample=False), plain)
 
 
-def test_compact_file_errors_name_the_fix(tmp_path):
+def test_compact_file_errors_name_the_fix(tmp_path, monkeypatch):
     target = make_target("llama")
     draft = LongSpecDraft.from_target(target)
     draft.save_pretrained(tmp_path / "folder", model_card=False)
@@ -183,3 +188,14 @@ def test_compact_file_errors_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="target_model and dtype only"):
         LongSpecDraft.from_pretrained(path, target_model=target, device_map="cpu")
     assert LongSpecDraft.from_pretrained(path, dtype=torch.bfloat16).block.mlp.up_proj.weight.dtype == torch.bfloat16
+    assert LongSpecDraft.from_pretrained(path, dtype="bfloat16").block.mlp.up_proj.weight.dtype == torch.bfloat16
+    assert LongSpecDraft.from_pretrained(path, target_model=target, dtype="auto").norm.weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="'int8x' is not a torch dtype"):
+        LongSpecDraft.from_pretrained(path, dtype="int8x")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # "~" is expanded and missing folders are made
+    assert LongSpecDraft.from_pretrained(draft.save_compact("~/drafts/d.safetensors")).config.vocab_size == 99
+    pytest.importorskip("peft")
+    from transformers_longspec.trainers import add_lora_to_draft
+
+    with pytest.raises(ValueError, match="merge_lora_draft"):
+        add_lora_to_draft(draft).save_compact(tmp_path / "lora.safetensors")

@@ -103,6 +103,37 @@ def test_siblings_stay_distinct_when_the_prompt_repeats_vocabulary_tokens(monkey
         assert len(set(children)) == len(children)  # no (parent, token) pair twice
 
 
+def test_padding_slots_are_dead_so_live_siblings_stay_distinct(monkeypatch):
+    """longspec_draft_vocab=1 and a prompt of one token: each level offers 2 real tokens for up to 4 children, the
+    rest are padding slots (token 0, score -inf). Those nodes are dead (never accepted), so the siblings that may be
+    accepted carry distinct tokens and sampling stays exact; greedy output is plain greedy's."""
+    trees, grow = [], generation_module.grow_tree
+
+    def recording(*args, **kwargs):
+        tree = grow(*args, **kwargs)
+        trees.append(tree)
+        return tree
+
+    monkeypatch.setattr(generation_module, "grow_tree", recording)
+    target = make_target("qwen2")
+    draft = LongSpecDraft.from_target(target, beam_widths=[4, 4])
+    draft.set_draft_vocabulary(torch.arange(60, 80))
+    ids = torch.full((1, 12), 61)
+    torch.manual_seed(3)
+    target.generate(ids, assistant_model=draft, do_sample=True, max_new_tokens=6, longspec_retrieval=0,
+                    longspec_draft_vocab=1)
+    assert trees
+    for tree in trees:
+        assert tree.alive is not None and torch.equal(tree.alive, torch.isfinite(tree.scores))
+        assert not tree.alive.all()  # 2 real tokens (60 and 61) for 4 slots at depth 1
+        live = [(p, t) for p, t, a in zip(tree.parents[1:].tolist(), tree.tokens[1:].tolist(),
+                                          tree.alive[1:].tolist()) if a]
+        assert len(set(live)) == len(live)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=12)
+    assert torch.equal(target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=12,
+                                       longspec_draft_vocab=1), plain)
+
+
 def test_the_vocabulary_is_saved_with_the_draft(tmp_path):
     target = make_target("mistral")
     draft = LongSpecDraft.from_target(target)
@@ -128,8 +159,12 @@ def test_bad_vocabulary_options_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="repeats token ids"):
         draft.set_draft_vocabulary(torch.tensor([4, 4]))
     draft.set_draft_vocabulary(torch.tensor([4, 5]))
-    with pytest.raises(ValueError, match="longspec_draft_vocab=3: this draft's vocabulary holds 2 frequent tokens"):
-        target.generate(ids, assistant_model=draft, max_new_tokens=4, longspec_draft_vocab=3)
+    for bad in (3, -1):
+        with pytest.raises(ValueError, match=f"longspec_draft_vocab={bad}: this draft's vocabulary holds 2 frequent"):
+            target.generate(ids, assistant_model=draft, max_new_tokens=4, longspec_draft_vocab=bad)
+    resolve = generation_module.resolve_draft_vocab
+    config = target.generation_config
+    assert [resolve(draft, config, v) for v in (None, True, False, 0, 1, torch.tensor(2))] == [2, 2, 0, 0, 1, 2]
     with pytest.raises(ValueError, match=r"token ids in \[0, 99\)"):
         draft.set_draft_vocabulary(torch.tensor([3, 99]))
     with pytest.raises(ValueError, match="a set of token ids, not a size"):

@@ -66,7 +66,7 @@ def _hybrid_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tree
         return F.scaled_dot_product_attention(query, key, value, attn_mask=full, scale=scale,
                                               enable_gqa=query.shape[1] != key.shape[1]).contiguous()
     if _use_triton(query):  # one kernel over [prefix; masked]: the prefix key blocks read no mask (split-KV)
-        return fused_mask_attn(query, key, value, tree_mask, scale)[0]
+        return fused_mask_attn(query, key, value, tree_mask, scale, visible_prefix=True)[0]
     out, lse_tree = fused_mask_attn_ref(query, key[:, :, prefix:], value[:, :, prefix:], tree_mask, scale)
     if prefix > 0:
         out_prefix, lse_prefix = prefix_attn(query, key[:, :, :prefix], value[:, :, :prefix], scale)

@@ -26,6 +26,7 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 _FIX = "re-save the draft with draft.save_pretrained(folder) or download it again"
+_COMPACT_FIX = "write it again with draft.save_compact(path)"
 
 
 def local_draft_folder(name_or_path, subfolder: str = "", hub_kwargs: dict | None = None) -> Path | None:
@@ -153,18 +154,19 @@ def saved_tensor_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def compare_state_shapes(saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], where) -> None:
+def compare_state_shapes(saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], where,
+                         compact: bool = False) -> None:
     """Raise ValueError naming missing, unexpected and mis-shaped tensors of a checkpoint.
 
     Args:
         saved: {name: shape} in the checkpoint. expected: {name: shape} of the model its config describes.
-        where: the folder or Hub id (for the message).
+        where: the folder, Hub id or compact file (for the message). compact: `where` is a compact draft file.
     """
     _raise_for_keys(
         missing=sorted(set(expected) - set(saved)),
         unexpected=sorted(set(saved) - set(expected)),
         mismatched=sorted(k for k in set(saved) & set(expected) if tuple(saved[k]) != tuple(expected[k])),
-        where=where,
+        where=where, compact=compact,
     )
 
 
@@ -195,14 +197,15 @@ def check_loading_info(info: dict, where) -> None:
                     where=where)
 
 
-def _raise_for_keys(missing: list, unexpected: list, mismatched: list, where) -> None:
+def _raise_for_keys(missing: list, unexpected: list, mismatched: list, where, compact: bool = False) -> None:
     problems = [f"{label} {names[:4]}{' ...' if len(names) > 4 else ''}"
                 for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mismatched))
                 if names]
     if problems:
+        config, fix = ("its stored config", _COMPACT_FIX) if compact else ("its config.json", _FIX)
         raise ValueError(
-            f"the weights in {os.fspath(where)!r} do not match the draft its config.json describes "
-            f"({'; '.join(problems)}): a checkpoint of another model or a partial save; {_FIX}"
+            f"the weights in {os.fspath(where)!r} do not match the draft {config} describes "
+            f"({'; '.join(problems)}): a checkpoint of another model or a partial save; {fix}"
         )
 
 
@@ -220,7 +223,7 @@ def write_compact_file(path, state: dict[str, torch.Tensor], config: dict) -> Pa
 
     Every floating-point 2-D tensor (the draft's linear weights) is stored as int8 with one fp32 scale per row
     (symmetric absmax: w ≈ q · scale, |error| ≤ scale / 2 = max|row| / 254); every other tensor (norm weights, the
-    vocabulary's token ids) as it is, floats in fp32. A draft of Qwen2.5-1.5B's width with a 1,536-wide MLP is
+    vocabulary's token ids) as it is, floats in fp32 and int64 ids as int32. A draft of Qwen2.5-1.5B's width with a 1,536-wide MLP is
     ~20 MB this way (~40 MB in bf16). Only the draft's proposals change with the rounding: the target verifies every
     token, so generation stays exact.
 
@@ -241,9 +244,12 @@ def write_compact_file(path, state: dict[str, torch.Tensor], config: dict) -> Pa
             scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
             tensors[name] = torch.round(weight / scale[:, None]).to(torch.int8)
             tensors[name + _SCALE] = scale
-        else:
-            tensors[name] = tensor.float() if tensor.is_floating_point() else tensor
-    path = Path(os.fspath(path))
+        elif tensor.is_floating_point():
+            tensors[name] = tensor.float()
+        else:  # token ids (the draft vocabulary) fit int32: half the bytes
+            tensors[name] = tensor.to(torch.int32) if tensor.dtype == torch.int64 else tensor
+    path = Path(os.path.expanduser(os.fspath(path)))
+    path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
               metadata={"format": COMPACT_FORMAT, "config": json.dumps(config)})
     return path
@@ -262,15 +268,15 @@ def compact_file_config(path) -> dict | None:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
     except (SafetensorError, OSError) as err:
-        raise ValueError(f"{path} is not a compact LongSpec draft file (not a safetensors file: {err}); pass a draft "
-                         "folder (save_pretrained) or a file written by draft.save_compact") from None
+        raise ValueError(f"{path} is not a compact LongSpec draft file (truncated or not a safetensors file: {err}); "
+                         "pass a draft folder (save_pretrained) or a file written by draft.save_compact") from None
     if metadata.get("format") != COMPACT_FORMAT or "config" not in metadata:
         raise ValueError(f"{path} is a safetensors file but not a compact LongSpec draft (format "
                          f"{metadata.get('format')!r}); pass the folder the draft was saved to (the one holding "
                          "config.json), or a file written by draft.save_compact")
     config = json.loads(metadata["config"])
     if config.get("model_type") != MODEL_TYPE:
-        raise ValueError(f"{path} holds a {config.get('model_type')!r} config, not a LongSpec draft; {_FIX}")
+        raise ValueError(f"{path} holds a {config.get('model_type')!r} config, not a LongSpec draft; {_COMPACT_FIX}")
     return config
 
 
@@ -286,8 +292,10 @@ def read_compact_state(path) -> dict[str, torch.Tensor]:
             tensor = f.get_tensor(name)
             if tensor.dtype == torch.int8:
                 if name + _SCALE not in names:
-                    raise ValueError(f"{path}: int8 tensor {name!r} has no scales ({name + _SCALE}); {_FIX}")
+                    raise ValueError(f"{path}: int8 tensor {name!r} has no scales ({name + _SCALE}); {_COMPACT_FIX}")
                 tensor = tensor.float() * f.get_tensor(name + _SCALE)[:, None]
+            elif tensor.dtype == torch.int32:
+                tensor = tensor.long()
             state[name] = tensor
     return state
 

@@ -12,6 +12,7 @@ replaces for LongSpec assistants) and `CandidateGenerator`.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -201,25 +202,29 @@ def resolve_retrieval(generation_config: GenerationConfig, override=None) -> int
 def resolve_draft_vocab(draft, generation_config: GenerationConfig, override=None) -> int:
     """How many of the draft's frequent tokens this call proposes from (`vocabulary.py`; 0: the whole vocabulary):
     `generate(longspec_draft_vocab=...)` > `generation_config.longspec_draft_vocab` > all of them when the draft has
-    a vocabulary of its own. True means all, False none, an int n the n most frequent (1 ≤ n ≤
-    `config.draft_vocab_size`). Raises ValueError for another value, or for True / an int with a draft without a
-    vocabulary of its own."""
+    a vocabulary of its own. True means all, False or 0 none, an integer n the n most frequent (0 ≤ n ≤
+    `config.draft_vocab_size`; numpy / 0-dim tensor integers too). Raises ValueError for another value, or for True /
+    n > 0 with a draft without a vocabulary of its own."""
     value = override if override is not None else getattr(generation_config, "longspec_draft_vocab", None)
     size = draft.config.draft_vocab_size
     if value is None:
         return size
-    if not isinstance(value, (bool, int)):
-        raise ValueError(f"longspec_draft_vocab must be True, False, an int (how many of the draft's frequent tokens) "
-                         f"or None (the default: the draft's own vocabulary when it has one), got {value!r}")
-    if value is not False and not size:
+    if not isinstance(value, bool):
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise ValueError(f"longspec_draft_vocab must be True, False, an int (how many of the draft's frequent "
+                             f"tokens) or None (the default: the draft's own vocabulary when it has one), got "
+                             f"{value!r}") from None
+    if value and not size:
         raise ValueError(f"longspec_draft_vocab={value}, but this draft proposes from the whole vocabulary "
                          "(config.draft_vocab_size = 0); drop the option, or give the draft a vocabulary with "
                          "draft.set_draft_vocabulary(...)")
     if isinstance(value, bool):
         return size if value else 0
-    if not 1 <= value <= size:
+    if not 0 <= value <= size:
         raise ValueError(f"longspec_draft_vocab={value}: this draft's vocabulary holds {size} frequent tokens; use "
-                         f"1 to {size}, True for all of them or False for the whole vocabulary")
+                         f"1 to {size}, True for all of them or False (0) for the whole vocabulary")
     return value
 
 

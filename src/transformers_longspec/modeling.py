@@ -158,7 +158,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         """
         compact = compact_file_config(pretrained_model_name_or_path)
         if compact is not None:
-            return cls._from_compact(pretrained_model_name_or_path, compact, target_model, kwargs)
+            return cls._from_compact(pretrained_model_name_or_path, compact, target_model, kwargs, model_args)
         folder = local_draft_folder(pretrained_model_name_or_path, kwargs.get("subfolder", ""), kwargs)
         if folder is not None and kwargs.get("variant") is None:
             check_saved_draft(folder, cls)
@@ -181,16 +181,25 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return (draft, info) if want_info else draft
 
     @classmethod
-    def _from_compact(cls, path, config: dict, target_model, kwargs: dict) -> LongSpecDraft:
+    def _from_compact(cls, path, config: dict, target_model, kwargs: dict, model_args=()) -> LongSpecDraft:
         """A draft from a compact file (`checkpoint.write_compact_file`), in eval mode, on the target's device and
-        dtype (or `dtype`), attached to `target_model` when one is given."""
-        dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
-        if kwargs:
-            raise ValueError(f"a compact draft file loads with target_model and dtype only; got {sorted(kwargs)}")
+        dtype (or `dtype`: a torch.dtype, its name, or "auto" = the target's), attached to `target_model` when one is
+        given."""
+        dtype = kwargs.pop("dtype", None)
+        dtype = kwargs.pop("torch_dtype", None) if dtype is None else dtype
+        if kwargs or model_args:
+            raise ValueError(f"a compact draft file loads with target_model and dtype only; got "
+                             f"{sorted(kwargs) + [repr(a) for a in model_args]}")
+        if dtype == "auto":
+            dtype = None
+        elif isinstance(dtype, str):
+            if not isinstance(getattr(torch, dtype, None), torch.dtype):
+                raise ValueError(f"dtype={dtype!r} is not a torch dtype; pass e.g. torch.bfloat16 or 'bfloat16'")
+            dtype = getattr(torch, dtype)
         draft = cls(cls.config_class.from_dict(config))
         state = read_compact_state(path)
         compare_state_shapes({k: tuple(v.shape) for k, v in state.items()},
-                             {k: tuple(v.shape) for k, v in draft.state_dict().items()}, path)
+                             {k: tuple(v.shape) for k, v in draft.state_dict().items()}, path, compact=True)
         draft.load_state_dict(state)
         broken = non_finite_parameters(draft)
         if broken:
@@ -210,11 +219,16 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         package. Load it with `LongSpecDraft.from_pretrained(path, target_model=target)`. Only the draft's
         proposals change with the rounding; generation stays exact.
 
-        Args: path: the file to write, e.g. "draft.int8.safetensors".
+        Args: path: the file to write, e.g. "draft.int8.safetensors" ("~" expanded, missing folders created).
         Returns: the path written (str).
+        Raises: ValueError for a draft wrapped with a LoRA adapter (merge it first).
         Reference: `checkpoint.write_compact_file`.
         """
-        return os.fspath(write_compact_file(path, self.state_dict(), self.config.to_dict()))
+        state = self.state_dict()
+        if any("lora_" in name or ".base_layer." in name for name in state):
+            raise ValueError("this draft carries a LoRA adapter; merge it first: "
+                             "transformers_longspec.trainers.merge_lora_draft(model).save_compact(path)")
+        return os.fspath(write_compact_file(path, state, self.config.to_dict()))
 
     def attach_target(self, target_model) -> LongSpecDraft:
         """Use `target_model`'s embedding, LM head and rotary embedding (shared, never copied or saved).
@@ -328,17 +342,22 @@ class LongSpecDraft(LongSpecPreTrainedModel):
 
     def _copy_strongest_neurons(self, target_mlp) -> None:
         """A draft MLP narrower than the target's (`intermediate_size` override) starts from the target's last-layer
-        neurons of largest ||up row|| x ||down column|| (their gate and up rows, their down columns), in their order;
-        a wider one keeps its random init."""
+        neurons of largest ||up row|| x ||down column|| (their gate and up rows and biases, their down columns; the
+        down bias whole), in their order; a wider one keeps its random init."""
         mlp, width = self.block.mlp, self.block.mlp.up_proj.weight.shape[0]
         up, down = target_mlp.up_proj.weight, target_mlp.down_proj.weight
         if width > up.shape[0] or mlp.up_proj.weight.shape[1] != up.shape[1]:
             return
         strength = up.float().norm(dim=1) * down.float().norm(dim=0)
         keep = strength.topk(width).indices.sort().values
-        mlp.gate_proj.weight.copy_(target_mlp.gate_proj.weight[keep].to(mlp.gate_proj.weight.dtype))
-        mlp.up_proj.weight.copy_(up[keep].to(mlp.up_proj.weight.dtype))
+        for name in ("gate_proj", "up_proj"):
+            mine, theirs = getattr(mlp, name), getattr(target_mlp, name)
+            mine.weight.copy_(theirs.weight[keep].to(mine.weight.dtype))
+            if mine.bias is not None and theirs.bias is not None:
+                mine.bias.copy_(theirs.bias[keep].to(mine.bias.dtype))
         mlp.down_proj.weight.copy_(down[:, keep].to(mlp.down_proj.weight.dtype))
+        if mlp.down_proj.bias is not None and target_mlp.down_proj.bias is not None:
+            mlp.down_proj.bias.copy_(target_mlp.down_proj.bias.to(mlp.down_proj.bias.dtype))
 
     # ------------------------------------------------------------------ compute
     def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor):

@@ -35,6 +35,7 @@ class DraftTree:
         scores: (tree_size,) fp32, cumulative draft log-probability of the path to each node (root 0).
         alive: (tree_size,) bool or None (= all): nodes that may be accepted. A retrieval chain's nodes that a draft
             path already carries are dead (`retrieval.add_retrieval_branch`); they are verified but never accepted.
+            So are a draft vocabulary's padding slots (score -inf) when it holds fewer tokens than a level's width.
     """
 
     tokens: torch.Tensor
@@ -71,33 +72,6 @@ def tree_layout(beam_widths) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         start += w
     depths = torch.cat([torch.full((e - s,), d, dtype=torch.long) for d, (s, e) in enumerate(ranges)])
     return depths, ranges
-
-
-TOPK_CHUNK = 1024  # columns per first-stage slice of `row_topk`
-
-
-def row_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest entries of each row and their column indices, as `scores.topk(k, dim=-1)` up to the order of
-    ties: two stages over a wide row. Stage one keeps each row's best k in every slice of `TOPK_CHUNK` columns,
-    stage two the best k of those (the same set: the row's best k all survive their slices). A few rows over a draft
-    vocabulary of 36k columns otherwise take CUDA's multi-block radix select (five kernels, ~26 µs per call on an
-    H200); slices of 1,024 take its single-block path.
-
-    Args:
-        scores: (n, width) float. k: 1 <= k <= width.
-    Returns: (values (n, k) sorted descending, indices (n, k) int64 in [0, width)).
-    Reference: torch.topk; the two-stage (per-block then merge) selection of GPU top-k kernels.
-    """
-    n, width = scores.shape
-    if width <= 4 * TOPK_CHUNK or k > TOPK_CHUNK:
-        return scores.topk(k, dim=-1)
-    chunks = -(-width // TOPK_CHUNK)
-    padded = torch.nn.functional.pad(scores, (0, chunks * TOPK_CHUNK - width), value=float("-inf"))
-    local, local_idx = padded.view(n, chunks, TOPK_CHUNK).topk(k, dim=-1)
-    best, pick = local.flatten(1).topk(k, dim=-1)
-    offsets = torch.arange(0, chunks * TOPK_CHUNK, TOPK_CHUNK, device=scores.device)
-    index = (local_idx + offsets[:, None]).flatten(1).gather(1, pick)
-    return best, index.clamp_(max=width - 1)  # a -inf tie may name a padding column: any -inf column will do
 
 
 def _window_visible(ring: DraftRingCache, query_position: torch.Tensor) -> torch.Tensor:
@@ -145,7 +119,7 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
         width = beam_widths[d]
         # the best `width` children overall are among each parent's best `width`: top-k per row first, then one
         # top-k over n * width candidates instead of n * vocab (the same set; much less work for a 150k vocab)
-        row_best, row_tokens = row_topk(log_probs, min(width, log_probs.shape[-1]))
+        row_best, row_tokens = log_probs.topk(min(width, log_probs.shape[-1]), dim=-1)
         if vocab is not None:  # slots of the draft's vocabulary → token ids
             row_tokens = vocab.ids[row_tokens]
         best, pick = (scores[start:end, None] + row_best).flatten().topk(width)
@@ -157,7 +131,10 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
         # (index_copy_ rather than `ancestors[a:b] |= ...`: the same values; inductor's CPU code for the latter fails)
         new_rows = torch.arange(new_start, new_end, device=device)
         ancestors.index_copy_(0, new_rows, ancestors[new_start:new_end] | ancestors[parent])
-    return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores)
+    # a vocabulary with fewer tokens than a level's width fills it with padding slots (score -inf, all token 0):
+    # dead, so the siblings that may be accepted stay distinct (sampling's rule)
+    alive = torch.isfinite(scores) if vocab is not None else None
+    return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores, alive=alive)
 
 
 def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_keys, target_values, tail_mask,
@@ -181,4 +158,4 @@ def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_ke
     return log_probs[0]
 
 
-__all__ = ["DraftTree", "grow_tree", "row_topk", "tree_layout"]
+__all__ = ["DraftTree", "tree_layout", "grow_tree"]

@@ -4,6 +4,7 @@ Kernel tests need a CUDA GPU, or CPU tensors through Triton's interpreter: CI ru
 `TRITON_INTERPRET=1 pytest tests/kernels` (the variable must be set before triton is imported; nothing here sets it).
 """
 
+import functools
 import math
 import subprocess
 import sys
@@ -39,14 +40,14 @@ SMALL_SHAPES = ((1, 5, 5, 16), (2, 37, 70, 64), (1, 20, 48, 128))
 GQA = ((4, 4), (4, 2), (4, 1))  # (n_heads, n_kv_heads): ratios 1, 2, 4
 
 
-def _check_against_ref(q, k, v, mask, scale=None, num_splits=None):
+def _check_against_ref(q, k, v, mask, scale=None, num_splits=None, visible_prefix=False):
     """Run the kernel and assert the B10 bound against the fp32 and low-precision refs (computed on CPU)."""
-    result = fused_mask_attn(q, k, v, mask, scale, num_splits=num_splits)
+    result = fused_mask_attn(q, k, v, mask, scale, num_splits=num_splits, visible_prefix=visible_prefix)
     assert result[0].dtype == q.dtype and result[1].dtype == torch.float32
     assert result[0].shape == q.shape and result[1].shape == q.shape[:-1]
     cpu = [t.cpu() for t in (q, k, v, mask)]
-    ref_fp32 = fused_mask_attn_ref(*cpu, scale)
-    ref_low = fused_mask_attn_ref(*cpu, scale, upcast=False)
+    ref_fp32 = fused_mask_attn_ref(*cpu, scale, visible_prefix=visible_prefix)
+    ref_low = fused_mask_attn_ref(*cpu, scale, upcast=False, visible_prefix=visible_prefix)
     assert_within_ref_bound(result, ref_fp32, ref_low, q.dtype)
     return result
 
@@ -162,7 +163,7 @@ def test_kernel_visible_prefix_equals_the_full_mask(dtype, num_splits, width, ge
     q, k, v = random_qkv(batch, 4, 2, q_len, kv_len, 16, dtype, KERNEL_DEVICE, gen)
     masked = make_mask("empty_rows", batch, q_len, width, gen).to(KERNEL_DEVICE)
     full = torch.cat([masked.new_ones(batch, q_len, kv_len - width), masked], dim=2)
-    out, lse = _check_against_ref(q, k, v, masked, num_splits=num_splits)
+    out, lse = _check_against_ref(q, k, v, masked, num_splits=num_splits, visible_prefix=True)
     out_full, lse_full = fused_mask_attn(q, k, v, full, num_splits=num_splits)
     assert torch.equal(out, out_full) and torch.equal(lse, lse_full)
     if width < kv_len:
@@ -174,8 +175,11 @@ def test_ref_visible_prefix_equals_the_full_mask(gen):
     q, k, v = random_qkv(1, 4, 2, 7, 11, 16, torch.float32, "cpu", gen)
     masked = make_mask("empty_rows", 1, 7, 5, gen)[0]
     full = torch.cat([masked.new_ones(7, 6), masked], dim=1)
-    for got, expected in zip(fused_mask_attn_ref(q, k, v, masked), fused_mask_attn_ref(q, k, v, full)):
+    for got, expected in zip(fused_mask_attn_ref(q, k, v, masked, visible_prefix=True),
+                             fused_mask_attn_ref(q, k, v, full)):
         assert torch.equal(got, expected)
+    with pytest.raises(ValueError, match=r"must have shape \(7, 11\)"):  # without the flag: a wrong mask
+        fused_mask_attn_ref(q, k, v, masked)
 
 
 @pytest.mark.skipif(not triton_available(), reason="the block sizes come from triton.next_power_of_2")
@@ -325,20 +329,19 @@ def test_kernel_gpu_verification_shape(mode, q_len, prefix, gen):
     kv_len = prefix + 512 + q_len
     q, k, v = random_qkv(1, 12, 2, q_len, kv_len, 128, torch.bfloat16, "cuda", gen)
     mask = make_mask("tree", 1, q_len, 512 + q_len, gen).cuda()
+    attn = functools.partial(fused_mask_attn, visible_prefix=True)
     if mode == "cuda_graph":
-        fused_mask_attn(q, k, v, mask)  # compile the kernels before the capture
+        attn(q, k, v, mask)  # compile the kernels before the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            result = fused_mask_attn(q, k, v, mask)
+            result = attn(q, k, v, mask)
         graph.replay()
         torch.cuda.synchronize()
     else:
         torch._dynamo.reset()
-        result = (torch.compile(fused_mask_attn, fullgraph=True) if mode == "compiled" else fused_mask_attn)(
-            q, k, v, mask
-        )
-    ref_fp32 = fused_mask_attn_ref(q, k, v, mask)
-    ref_low = fused_mask_attn_ref(q, k, v, mask, upcast=False)
+        result = (torch.compile(attn, fullgraph=True) if mode == "compiled" else attn)(q, k, v, mask)
+    ref_fp32 = fused_mask_attn_ref(q, k, v, mask, visible_prefix=True)
+    ref_low = fused_mask_attn_ref(q, k, v, mask, upcast=False, visible_prefix=True)
     assert_within_ref_bound(result, ref_fp32, ref_low, torch.bfloat16)
 
 
@@ -358,7 +361,7 @@ def test_hybrid_tree_attention_is_one_kernel_call(prefix, tail, visible, gen, mo
     tail_visible = (torch.arange(tail) < visible).expand(tree_size, tail)
     mask = torch.cat([tail_visible, tree], dim=1).to(KERNEL_DEVICE)
     out = attention.hybrid_tree_attention(q, k, v, mask, 0.25)
-    ref_fp32 = fused_mask_attn_ref(q.cpu(), k.cpu(), v.cpu(), mask.cpu(), 0.25)
-    ref_low = fused_mask_attn_ref(q.cpu(), k.cpu(), v.cpu(), mask.cpu(), 0.25, upcast=False)
+    ref_fp32 = fused_mask_attn_ref(q.cpu(), k.cpu(), v.cpu(), mask.cpu(), 0.25, visible_prefix=True)
+    ref_low = fused_mask_attn_ref(q.cpu(), k.cpu(), v.cpu(), mask.cpu(), 0.25, upcast=False, visible_prefix=True)
     assert out.shape == q.shape and out.dtype == torch.bfloat16
     assert_within_ref_bound((out,), ref_fp32, ref_low, torch.bfloat16)  # out only: the op returns no LSE
