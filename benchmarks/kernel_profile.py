@@ -146,8 +146,10 @@ def main() -> None:
     for context in [int(c) for c in args.contexts.split(",")]:
         ids = torch.randint(100, 20000, (1, context), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
         row = {"context": context, "plain_graph_ms_per_token": plain_graph_ms(target, ids, args.new_tokens)}
+        print(f"context {context}: plain_graph {row['plain_graph_ms_per_token']:.3f} ms/token", flush=True)
         for vocab in sizes:
             row[f"vocab_{vocab}"] = step_ms(target, draft, ids, args.new_tokens, vocab)
+            print(f"vocab_{vocab}: {json.dumps(row[f'vocab_{vocab}'])}", flush=True)  # before the kernel table
         draft.free_static_buffers()
         row["kernels"] = kernel_table(target, draft, ids, 32, vocab=sizes[0])
         draft.free_static_buffers()
