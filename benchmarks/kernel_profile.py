@@ -6,7 +6,8 @@ On a random-weight target of Qwen2.5-1.5B's shape with an untrained draft that r
 (τ ≈ 1, so the numbers are per STEP), tree [4,16,16,16,16] + a retrieval branch of 10:
 1. ms per step as users run it (CUDA graphs + compiled regions), with the draft's own vocabulary of 32,768 tokens
    (`vocabulary.py`) and with its 16,384 most frequent (`--vocab-sizes`; 0 = the whole vocabulary), beside the plain
-   CUDA-graph loop's ms per token; `--intermediate-size` narrows the draft's MLP;
+   CUDA-graph loop's ms per token; `--intermediate-size` narrows the draft's MLP; the first vocabulary again with
+   the attention kernel's GQA packing switched (`attention.PACK_GQA`: one program per kv head's query heads);
 2. the kernels of each phase (draft / verification / greedy acceptance) from `torch.profiler`, with the same static
    step run without graphs (the same kernels a graph replays, launched one by one): count, summed GPU time and the
    heaviest kernels. Summed kernel time vs the graphed phase time shows what is kernel work and what is the gaps
@@ -22,7 +23,7 @@ import json
 import torch
 from step_profile import random_target
 
-from transformers_longspec import LongSpecDraft, static_step
+from transformers_longspec import LongSpecDraft, attention, static_step
 from transformers_longspec import generation as generation_module
 from transformers_longspec.bench import PlainGraphLoop, timed_call
 
@@ -150,6 +151,12 @@ def main() -> None:
         for vocab in sizes:
             row[f"vocab_{vocab}"] = step_ms(target, draft, ids, args.new_tokens, vocab)
             print(f"vocab_{vocab}: {json.dumps(row[f'vocab_{vocab}'])}", flush=True)  # before the kernel table
+        draft.free_static_buffers()  # graphs captured with the other kernel variant
+        attention.PACK_GQA = not attention.PACK_GQA
+        name = f"vocab_{sizes[0]}_pack_gqa_{attention.PACK_GQA}"
+        row[name] = step_ms(target, draft, ids, args.new_tokens, sizes[0])
+        print(f"{name}: {json.dumps(row[name])}", flush=True)
+        attention.PACK_GQA = not attention.PACK_GQA
         draft.free_static_buffers()
         row["kernels"] = kernel_table(target, draft, ids, 32, vocab=sizes[0])
         draft.free_static_buffers()
@@ -157,7 +164,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     for row in rows:
         print(f"\n## context {row['context']}: plain_graph {row['plain_graph_ms_per_token']:.2f} ms/token")
-        for name in (f"vocab_{vocab}" for vocab in sizes):
+        for name in [k for k in row if k.startswith("vocab_")]:
             v = row[name]
             print(f"{name}: step {v['step_ms']:.2f} ms = draft {v['draft_ms']:.2f} + verify {v['verify_ms']:.2f} + "
                   f"other {v['other_ms']:.2f} (first call {v['first_call_s']:.1f} s)")
@@ -169,6 +176,7 @@ def main() -> None:
                 print(f"    {us:8.1f} us  {name}")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "widths": WIDTHS,
             "retrieval": RETRIEVAL, "draft_vocab": VOCAB, "vocab_sizes": sizes,
+            "pack_gqa_default": attention.PACK_GQA,
             "intermediate_size": draft.config.intermediate_size}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -8,10 +8,10 @@ What: `fused_mask_attn(q, k, v, mask)` computes softmax(q·kᵀ·scale masked by
 Layout: q (batch, n_heads, q_len, head_dim); k, v (batch, n_kv_heads, kv_len, head_dim); mask bool
     (q_len, kv_len) or (batch or 1, q_len, kv_len), True = may attend. With `visible_prefix=True` the mask may be
     narrower, (…, q_len, m), m <= kv_len: it covers the LAST m keys, and the first kv_len - m keys (a committed
-    prefix) are visible to every query without a mask being read. out like q; lse (batch, n_heads, q_len) fp32. No causal mask is added: the mask alone
-    decides (unlike LongSpec's kernel, which also applies a bottom-right causal mask). So one call computes the
-    whole hybrid tree attention of a verification step (`attention.py`). A tree mask over [prefix; tree] keys looks
-    like this (x = attend; with m = 4 only the right part is passed)::
+    prefix) are visible to every query without a mask being read. out like q; lse (batch, n_heads, q_len) fp32.
+    No causal mask is added: the mask alone decides (unlike LongSpec's kernel, which also applies a bottom-right
+    causal mask). So one call computes the whole hybrid tree attention of a verification step (`attention.py`).
+    A tree mask over [prefix; tree] keys looks like this (x = attend; with m = 4 only the right part is passed)::
 
         parents = [-1, 0, 0, 1]       prefix | tree
         node 0 (root)                  x x x | x . . .
@@ -24,6 +24,9 @@ Dtypes: float16, bfloat16, float32 (q, k, v share one dtype). Accumulation, soft
 Head dims: any 1 ≤ head_dim ≤ 256; 16, 32, 64, 128, 256 are the tested sizes, others are zero-padded to the next
     power of two (≥ 16) inside the kernel, which costs speed, not accuracy.
 GQA: any n_heads / n_kv_heads ratio (tested 1, 2, 4, 8); K/V are read per kv head, never repeated in memory.
+    By default a program holds rows of one query head, so the group's heads each read the kv head's keys;
+    `pack_gqa=True` gives a program rows of all of them (row r: query r % q_len of the group's head r // q_len), so
+    each key block is read once per kv head (speed not yet measured on a GPU; `attention.PACK_GQA` keeps it off).
 Sizes: any q_len and kv_len; meant for tree sizes up to ~512 queries. A long committed prefix costs no mask reads
     (pass a mask over the tree part only); its key blocks are shared out between the splits like the others.
 Empty rows: a query row with no visible key returns out = 0 and lse = -inf (the ref does the same), so merging it
@@ -72,7 +75,7 @@ Speed (H200, bf16, kernel time per decode step of Qwen2.5-1.5B's shape at 8k, `b
     cache) take 99 + 48 µs, ~240 µs before (cuDNN SDPA with a mask 113 µs, flash-decoding + combine 118 µs).
     Earlier, unsplit (one program per query block and head): q_len/kv_len 16/16 3.1 µs, 64/1088 22.6 µs, 512/512
     17.7 µs, 512/4096 109 µs vs torch SDPA with the same bool mask 12.4 / 36.6 / 25.9 / 119 µs. Each program reads
-    its kv head's K/V for one query head (GQA not packed): the verification re-reads each key 6 times from L2.
+    its kv head's K/V for one query head (without `pack_gqa`): the verification re-reads each key 6 times.
     Eager calls cost ~80-120 µs of CPU time each (custom-op dispatch, Triton's launcher, checks), and a split call
     launches a second kernel: compile or CUDA-graph the decode step.
 Limits: offsets are 64-bit per (batch, head, split) base, 32-bit within a head; split scratch costs
@@ -143,25 +146,30 @@ def _tree_attn_fwd_kernel(
     stride_ls, stride_lb, stride_lh,
     n_heads, kv_group, q_len, kv_len, mask_start, keys_per_split, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
+    HEADS: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    # One program: BLOCK_M query rows of one (batch, head) over the keys of one split, which it writes at
-    # out_ptr/lse_ptr + split * stride_os/ls (split is always 0 when unsplit). The last dim of q/k/v/out has stride 1.
+    # One program: BLOCK_M rows of HEADS query heads of one (batch, kv head) — 1 head, or all kv_group heads of the
+    # kv head (GQA packed: row r is query r % q_len of head head0 + r // q_len) — over the keys of one split, which
+    # it writes at out_ptr/lse_ptr + split * stride_os/ls (split is always 0 when unsplit). The last dim of q/k/v/out
+    # has stride 1.
     qk_scale_log2 = tl.cast(qk_scale_log2, tl.float32)  # Inductor passes Python floats as fp64
-    batch = (tl.program_id(1) // n_heads).to(tl.int64)
-    head = (tl.program_id(1) % n_heads).to(tl.int64)
+    programs_per_batch = n_heads // HEADS
+    batch = (tl.program_id(1) // programs_per_batch).to(tl.int64)
+    head0 = (tl.program_id(1) % programs_per_batch).to(tl.int64) * HEADS
     split = tl.program_id(2).to(tl.int64)
     key_start = tl.program_id(2) * keys_per_split  # a multiple of BLOCK_N: every block lies inside one split
     key_end = tl.minimum(key_start + keys_per_split, kv_len)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    query = offs_m % q_len
+    head = head0 + offs_m // q_len
     offs_d = tl.arange(0, BLOCK_D)
-    row_ok = offs_m < q_len
+    row_ok = offs_m < q_len * HEADS
     dim_ok = offs_d < HEAD_DIM  # BLOCK_D is HEAD_DIM padded to a power of two
-    q_rows = q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qm
+    q_rows = q_ptr + batch * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
     q = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
-    k_base = k_ptr + batch * stride_kb + (head // kv_group) * stride_kh
-    v_base = v_ptr + batch * stride_vb + (head // kv_group) * stride_vh
-    mask_rows = mask_ptr + batch * stride_mb + offs_m[:, None] * stride_mm
+    k_base = k_ptr + batch * stride_kb + (head0 // kv_group) * stride_kh  # one kv head for every row
+    v_base = v_ptr + batch * stride_vb + (head0 // kv_group) * stride_vh
+    mask_rows = mask_ptr + batch * stride_mb + query[:, None] * stride_mm
 
     # Online softmax state in base 2: running max m_i, running sum l_i, unnormalised output acc.
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -189,9 +197,10 @@ def _tree_attn_fwd_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = (m_i + tl.log2(l_safe)) * 0.6931471805599453  # base-2 -> natural log
-    out_rows = out_ptr + split * stride_os + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om
+    out_rows = (out_ptr + split * stride_os + batch * stride_ob + head[:, None] * stride_oh
+                + query[:, None] * stride_om)
     tl.store(out_rows + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
-    tl.store(lse_ptr + split * stride_ls + batch * stride_lb + head * stride_lh + offs_m, lse, mask=row_ok)
+    tl.store(lse_ptr + split * stride_ls + batch * stride_lb + head * stride_lh + query, lse, mask=row_ok)
 
 
 @triton.jit
@@ -275,7 +284,8 @@ def _split_plan(programs: int, key_blocks: int, sms: int, num_splits: int | None
 
 
 def _fused_mask_attn_impl(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, num_splits: int | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, num_splits: int | None,
+    pack_gqa: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate outputs and launch the kernel(s); inputs are already checked (see `fused_mask_attn`).
 
@@ -289,6 +299,7 @@ def _fused_mask_attn_impl(
             attend; the first kv_len - m keys are visible to every query.
         scale: softmax scale applied to q·k.
         num_splits: requested split count (int ≥ 1, clamped by `_split_plan`), or None for the heuristic.
+        pack_gqa: one program per (query block, batch, kv head) over the rows of all the kv head's query heads.
     Returns: out like q; lse (batch, n_heads, q_len) fp32, natural log.
     """
     batch, n_heads, q_len, head_dim = q.shape
@@ -298,8 +309,10 @@ def _fused_mask_attn_impl(
     if out.numel() == 0:
         return out, lse
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m, block_n, num_warps, num_stages = _block_config(q_len, block_d)
-    programs = triton.cdiv(q_len, block_m) * batch * n_heads
+    heads = n_heads // n_kv_heads if pack_gqa else 1  # query heads per program
+    rows = q_len * heads
+    block_m, block_n, num_warps, num_stages = _block_config(rows, block_d)
+    programs = triton.cdiv(rows, block_m) * batch * (n_heads // heads)
     num_splits, blocks_per_split = _split_plan(programs, triton.cdiv(kv_len, block_n), _sm_count(q.device), num_splits)
     if num_splits == 1:  # the kernel writes out and lse directly; split is always 0, so stride_os/ls are unused
         part_out, part_lse, stride_os, stride_ls = out, lse, 0, 0
@@ -307,7 +320,7 @@ def _fused_mask_attn_impl(
         part_out = torch.empty((num_splits, *out.shape), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, *lse.shape), dtype=torch.float32, device=q.device)
         stride_os, stride_ls = part_out.stride(0), part_lse.stride(0)
-    grid = (triton.cdiv(q_len, block_m), batch * n_heads, num_splits)
+    grid = (triton.cdiv(rows, block_m), batch * (n_heads // heads), num_splits)
     interpreted = is_interpreted(_tree_attn_fwd_kernel)
     kernel = _tree_attn_fwd_kernel if interpreted else wrap_triton(_tree_attn_fwd_kernel)
     kernel[grid](
@@ -320,7 +333,7 @@ def _fused_mask_attn_impl(
         stride_ls, lse.stride(0), lse.stride(1),
         n_heads, n_heads // n_kv_heads, q_len, kv_len, kv_len - mask.shape[-1], blocks_per_split * block_n,
         scale * 1.4426950408889634,  # log2(e)
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, HEADS=heads,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=interpreted,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
@@ -348,6 +361,7 @@ def fused_mask_attn(
     *,
     num_splits: int | None = None,
     visible_prefix: bool = False,
+    pack_gqa: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked attention with its log-sum-exp, through the Triton kernel `_tree_attn_fwd_kernel`.
 
@@ -368,6 +382,9 @@ def fused_mask_attn(
             rounded down so every split gets whole, non-empty key blocks. 1 runs the unsplit kernel. Every count
             gives the same result up to rounding.
         visible_prefix: accept a mask narrower than the keys (see `mask`); without it that is an error.
+        pack_gqa: give each program the rows of ALL the query heads that share a kv head (q_len · n_heads /
+            n_kv_heads rows), so a key block is read once per kv head instead of once per query head (GQA). The same
+            result up to rounding; which is faster depends on the shapes (few query rows over long keys gain most).
     Returns: (out, lse). out: (batch, n_heads, q_len, head_dim), dtype of q. lse: (batch, n_heads, q_len), fp32,
         natural log of Σ_visible exp(q·k·scale). Rows with no visible key give out = 0 and lse = -inf.
     Raises:
@@ -396,7 +413,7 @@ def fused_mask_attn(
         )
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     mask = mask.expand(batch, q_len, width) if mask.dim() == 2 else mask.expand(batch, -1, -1)
-    return _fused_mask_attn_op(q, k, v, mask, scale, num_splits)
+    return _fused_mask_attn_op(q, k, v, mask, scale, num_splits, bool(pack_gqa))
 
 
 def fused_mask_attn_ref(

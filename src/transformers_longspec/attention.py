@@ -26,6 +26,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .kernels import fused_mask_attn, fused_mask_attn_ref, merge_attention_states, prefix_attn, triton_available
 
+# Whether the GPU kernel packs the query heads that share a kv head into one program (`fused_mask_attn(pack_gqa=)`):
+# off until `benchmarks/kernel_profile.py` (its `pack_gqa` row) measures it faster on the decode shapes.
+PACK_GQA = False
+
 
 def _use_triton(query: torch.Tensor) -> bool:
     return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and triton_available()
@@ -66,7 +70,7 @@ def _hybrid_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tree
         return F.scaled_dot_product_attention(query, key, value, attn_mask=full, scale=scale,
                                               enable_gqa=query.shape[1] != key.shape[1]).contiguous()
     if _use_triton(query):  # one kernel over [prefix; masked]: the prefix key blocks read no mask (split-KV)
-        return fused_mask_attn(query, key, value, tree_mask, scale, visible_prefix=True)[0]
+        return fused_mask_attn(query, key, value, tree_mask, scale, visible_prefix=True, pack_gqa=PACK_GQA)[0]
     out, lse_tree = fused_mask_attn_ref(query, key[:, :, prefix:], value[:, :, prefix:], tree_mask, scale)
     if prefix > 0:
         out_prefix, lse_prefix = prefix_attn(query, key[:, :, :prefix], value[:, :, :prefix], scale)

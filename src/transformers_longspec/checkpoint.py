@@ -223,9 +223,9 @@ def write_compact_file(path, state: dict[str, torch.Tensor], config: dict) -> Pa
 
     Every floating-point 2-D tensor (the draft's linear weights) is stored as int8 with one fp32 scale per row
     (symmetric absmax: w ≈ q · scale, |error| ≤ scale / 2 = max|row| / 254); every other tensor (norm weights, the
-    vocabulary's token ids) as it is, floats in fp32 and int64 ids as int32. A draft of Qwen2.5-1.5B's width with a 1,536-wide MLP is
-    ~20 MB this way (~40 MB in bf16). Only the draft's proposals change with the rounding: the target verifies every
-    token, so generation stays exact.
+    vocabulary's token ids) as it is, floats in fp32 and int64 ids as int32. A draft of Qwen2.5-1.5B's width with a
+    1,536-wide MLP is ~20 MB this way (~40 MB in bf16). Only the draft's proposals change with the rounding: the
+    target verifies every token, so generation stays exact.
 
     Args:
         path: the file to write (a ".safetensors" name). state: the draft's `state_dict()`. config: its

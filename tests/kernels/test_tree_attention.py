@@ -40,9 +40,10 @@ SMALL_SHAPES = ((1, 5, 5, 16), (2, 37, 70, 64), (1, 20, 48, 128))
 GQA = ((4, 4), (4, 2), (4, 1))  # (n_heads, n_kv_heads): ratios 1, 2, 4
 
 
-def _check_against_ref(q, k, v, mask, scale=None, num_splits=None, visible_prefix=False):
+def _check_against_ref(q, k, v, mask, scale=None, num_splits=None, visible_prefix=False, pack_gqa=False):
     """Run the kernel and assert the B10 bound against the fp32 and low-precision refs (computed on CPU)."""
-    result = fused_mask_attn(q, k, v, mask, scale, num_splits=num_splits, visible_prefix=visible_prefix)
+    result = fused_mask_attn(q, k, v, mask, scale, num_splits=num_splits, visible_prefix=visible_prefix,
+                             pack_gqa=pack_gqa)
     assert result[0].dtype == q.dtype and result[1].dtype == torch.float32
     assert result[0].shape == q.shape and result[1].shape == q.shape[:-1]
     cpu = [t.cpu() for t in (q, k, v, mask)]
@@ -168,6 +169,24 @@ def test_kernel_visible_prefix_equals_the_full_mask(dtype, num_splits, width, ge
     assert torch.equal(out, out_full) and torch.equal(lse, lse_full)
     if width < kv_len:
         assert torch.isfinite(lse).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("num_splits", (None, 3))
+@pytest.mark.parametrize("q_len", (1, 5, 20))
+@pytest.mark.parametrize("n_heads,n_kv_heads", GQA)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_kernel_packed_gqa_matches_ref(dtype, n_heads, n_kv_heads, q_len, num_splits, gen):
+    """pack_gqa: one program holds the rows of every query head of a kv head (4 heads x 20 queries = 80 rows, two
+    query blocks that cross from one head to the next), over a visible prefix and a masked tail with empty rows;
+    within the B10 bound of the ref, as the unpacked kernel is."""
+    batch, kv_len, width = 2, 150, 40
+    q, k, v = random_qkv(batch, n_heads, n_kv_heads, q_len, kv_len, 16, dtype, KERNEL_DEVICE, gen)
+    mask = make_mask("empty_rows", batch, q_len, width, gen).to(KERNEL_DEVICE)
+    out, lse = _check_against_ref(q, k, v, mask, num_splits=num_splits, visible_prefix=True, pack_gqa=True)
+    out_unpacked, lse_unpacked = fused_mask_attn(q, k, v, mask, num_splits=num_splits, visible_prefix=True)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    assert max_abs_err(out, out_unpacked) <= tol and max_abs_err(lse, lse_unpacked) <= 1e-4
 
 
 def test_ref_visible_prefix_equals_the_full_mask(gen):
@@ -320,16 +339,17 @@ def test_kernel_gpu_fp32_and_mask_kinds(mask_kind, gen):
 
 @needs_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("pack_gqa", (False, True))
 @pytest.mark.parametrize("q_len,prefix", ((79, 0), (79, 8192), (16, 8192), (1, 30000)))
 @pytest.mark.parametrize("mode", ("eager", "compiled", "cuda_graph"))
-def test_kernel_gpu_verification_shape(mode, q_len, prefix, gen):
+def test_kernel_gpu_verification_shape(mode, q_len, prefix, pack_gqa, gen):
     """The verification step of the target: q_len 79 tree queries, 12/2 heads, head_dim 128, over a committed prefix
     that reads no mask and 512 + q_len masked keys (a 512-row cache tail + the tree), bf16; q_len 16 and 1 are a
     draft level's cross-attention and a plain step. The heuristic splits them on any GPU with more than 24 SMs."""
     kv_len = prefix + 512 + q_len
     q, k, v = random_qkv(1, 12, 2, q_len, kv_len, 128, torch.bfloat16, "cuda", gen)
     mask = make_mask("tree", 1, q_len, 512 + q_len, gen).cuda()
-    attn = functools.partial(fused_mask_attn, visible_prefix=True)
+    attn = functools.partial(fused_mask_attn, visible_prefix=True, pack_gqa=pack_gqa)
     if mode == "cuda_graph":
         attn(q, k, v, mask)  # compile the kernels before the capture
         graph = torch.cuda.CUDAGraph()
@@ -346,8 +366,9 @@ def test_kernel_gpu_verification_shape(mode, q_len, prefix, gen):
 
 
 @needs_kernel
+@pytest.mark.parametrize("pack_gqa", (False, True))
 @pytest.mark.parametrize("prefix,tail,visible", [(0, 8, 5), (150, 8, 3), (150, 0, 0)])
-def test_hybrid_tree_attention_is_one_kernel_call(prefix, tail, visible, gen, monkeypatch):
+def test_hybrid_tree_attention_is_one_kernel_call(prefix, tail, visible, pack_gqa, gen, monkeypatch):
     """The package's hybrid tree attention on the kernel device: [prefix | cache tail (first `visible` rows valid) |
     tree] in one `fused_mask_attn` call (prefix blocks read no mask), within the B10 bound of the ref over the keys a
     query may see; the prefix / tree split is never taken."""
@@ -355,6 +376,7 @@ def test_hybrid_tree_attention_is_one_kernel_call(prefix, tail, visible, gen, mo
 
     monkeypatch.setattr(attention, "_use_triton", lambda query: True)  # CPU tensors reach it under the interpreter
     monkeypatch.setattr(attention, "prefix_attn", None)  # the two-pass path would fail on calling it
+    monkeypatch.setattr(attention, "PACK_GQA", pack_gqa)
     tree_size = 6
     q, k, v = random_qkv(1, 4, 2, tree_size, prefix + tail + tree_size, 16, torch.bfloat16, KERNEL_DEVICE, gen)
     tree = tree_ancestor_mask(random_parents(tree_size, gen))
