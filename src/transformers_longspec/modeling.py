@@ -288,8 +288,9 @@ class LongSpecDraft(LongSpecPreTrainedModel):
     def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Give the draft its own vocabulary: it proposes only `token_ids` (n,) int64 (e.g.
         `vocabulary.frequent_tokens` of its training rows) plus each call's prompt tokens; `config.draft_vocab_size`
-        becomes n and the ids are saved with the weights (`draft_vocab`). Only proposals change: the output stays the
-        target's own.
+        becomes n and the ids are saved with the weights (`draft_vocab`). Order them most frequent first:
+        `generate(longspec_draft_vocab=m)` keeps the first m. Only proposals change: the output stays the target's
+        own.
 
         Raises: ValueError for ids that repeat or fall outside [0, vocab_size), or n outside [1, vocab_size).
         Reference: `vocabulary.py` (FR-Spec, Zhao et al. 2025).
