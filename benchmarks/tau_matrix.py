@@ -38,6 +38,8 @@ CONFIGS = {
     "tree": {"longspec_beam_widths": DEFAULT_TREE, "longspec_retrieval": 0},
     "chain": {"longspec_beam_widths": [1] * 6, "longspec_retrieval": 0},
     "retrieval_only": {"longspec_beam_widths": [], "longspec_retrieval": 10},
+    "tree+retrieval24": {"longspec_beam_widths": DEFAULT_TREE, "longspec_retrieval": 24},
+    "retrieval_only24": {"longspec_beam_widths": [], "longspec_retrieval": 24},
 }
 
 

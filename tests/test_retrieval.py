@@ -21,6 +21,7 @@ from transformers_longspec.retrieval import (
     add_retrieval_branch,
     longest_match_continuation,
     prompt_retrieval_gain,
+    prompt_retrieval_gains,
 )
 from transformers_longspec.tree import DraftTree
 from transformers_longspec.verification import deepest_accepted
@@ -93,6 +94,9 @@ def test_prompt_gain_counts_what_the_chain_would_have_matched():
     assert prompt_retrieval_gain(torch.tensor([5, 5]), 10) == 0.0  # too short to try
     half = torch.cat([block, block[:150], torch.arange(1000, 1150)])  # the copy breaks off halfway
     assert 0.0 < prompt_retrieval_gain(half, 10) < prompt_retrieval_gain(repeated, 10)
+    gains = prompt_retrieval_gains(repeated, (10, 24))  # one scan: the 24-token proposal, cut to 10 for the other
+    expected_24 = torch.stack([(p >= 300) * torch.clamp(599 - p, max=24) for p in positions]).float().mean()
+    assert gains == {10: pytest.approx(expected.item()), 24: pytest.approx(expected_24.item())}
 
 
 def test_branch_hangs_below_the_agreeing_draft_path():

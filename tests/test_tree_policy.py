@@ -80,12 +80,41 @@ def test_the_prompt_decides_the_retrieval_branch():
         verify={1: 1.0, 2: 1.4, 32: 6.0, 160: 40.0}, draft={w: sum(w) / 3 for w in policy.candidates if w})
     repetitive = torch.arange(300).repeat(4)  # from position 300 on, the continuation is always right
     assert policy.choose(target, draft, (0, 10), repetitive)[1] == 10
-    assert policy.prompt_gain > 7 and policy.expected_gain() == policy.prompt_gain
+    assert policy.prompt_gain[10] > 7 and policy.expected_gain(10) == policy.prompt_gain[10]
     policy.observe((), 10, [1] * 8, 0)  # the call gained nothing: later estimates are scaled down
     assert policy.retrieval_scale == pytest.approx(0.55)
     assert policy.choose(target, draft, (0, 10), torch.arange(1200))[1] == 0  # nothing repeats
-    assert policy.prompt_gain == 0.0
+    assert policy.prompt_gain == {10: 0.0}
     assert policy.choose(target, draft, (0,), repetitive)[1] == 0 and policy.prompt_gain is None  # not asked
+
+
+def test_the_prompt_decides_the_retrieval_length():
+    """GPU-like costs (a forward over 35 tokens costs ~1.05 plain steps): a prompt that repeats long stretches gets
+    the 24-token chain (its estimate ~2.4x the 10-token one's), one whose repeats break off after 4 tokens keeps 10
+    (both chains would gain the same; the longer costs a little more), one that never repeats gets none. Under
+    CPU-like costs the long chain is not weighed at all (`LONG_CHAIN_FLATNESS`)."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+    policy = TreePolicy(DEFAULT)
+    policy.acceptance = 0.05  # a draft that is almost never right: the choice is the retrieval branch's
+    policy.costs[(id(target), torch.device("cpu"), torch.float32)] = TreeCosts(
+        verify={1: 1.0, 32: 1.05, 160: 1.5}, draft={w: 0.5 * len(w) for w in policy.candidates if w})
+    long_repeats = torch.arange(300).repeat(4)
+    assert policy.choose(target, draft, (0, 10, 24), long_repeats) == ((), 24)
+    assert policy.prompt_gain[24] > 2 * policy.prompt_gain[10] > 14
+    g = torch.Generator().manual_seed(0)
+    runs = [torch.cat([torch.arange(4), torch.randint(100, 10_000, (8,), generator=g)]) for _ in range(100)]
+    short_repeats = torch.cat(runs)  # "0 1 2 3" then 8 random tokens, 100 times: a match predicts 0..3 only
+    policy._last = None
+    assert policy.choose(target, draft, (0, 10, 24), short_repeats) == ((), 10)
+    assert policy.prompt_gain[24] == policy.prompt_gain[10] > 0
+    policy._last = None
+    assert policy.choose(target, draft, (0, 10, 24), torch.arange(1200)) == ((), 0)
+    cpu = TreePolicy(DEFAULT)  # CPU-like (11 tokens ~2.8 plain steps, 25 ~4.9): the long chain is not weighed
+    cpu.acceptance = 0.05
+    cpu.costs = {k: TreeCosts(verify={1: 1.0, 2: 1.4, 32: 6.0, 160: 40.0}, draft=policy.costs[k].draft)
+                 for k in policy.costs}
+    assert cpu.choose(target, draft, (0, 10, 24), long_repeats) == ((), 10)
 
 
 def test_observe_learns_acceptance_and_retrieval_gain():

@@ -28,6 +28,7 @@ from .call_lock import one_call_at_a_time
 from .configuration import validate_beam_widths
 from .retrieval import (
     DEFAULT_RETRIEVAL_TOKENS,
+    POLICY_RETRIEVAL_TOKENS,
     add_retrieval_branch,
     longest_match_continuation,
     validate_retrieval_tokens,
@@ -239,7 +240,7 @@ def _default_tree(target, draft, widths, n_retrieval, prompt) -> tuple[tuple[int
     policy = draft.__dict__.get("_tree_policy")
     if policy is None or policy.largest != largest:
         policy = draft.__dict__["_tree_policy"] = TreePolicy(largest)
-    options = (0, DEFAULT_RETRIEVAL_TOKENS) if n_retrieval is None else (n_retrieval,)
+    options = (0, *POLICY_RETRIEVAL_TOKENS) if n_retrieval is None else (n_retrieval,)
     return (*policy.choose(target, draft, options, prompt), policy)
 
 

@@ -32,7 +32,10 @@ import torch
 from .tree import DraftTree
 
 MAX_NGRAM = 8  # longest suffix compared (tokens); longer matches rank equal
-DEFAULT_RETRIEVAL_TOKENS = 10  # tokens in the retrieval chain when the call names none
+DEFAULT_RETRIEVAL_TOKENS = 10  # tokens in the retrieval chain of a call that names a tree but no length
+# lengths the tree policy weighs (beside none) when the call names neither: a long chain pays on text that repeats
+# long stretches (τ +20-55% at 24 vs 10 on held-out C/C++ and prose, SmolLM2, benchmarks/NOTES.md session 11)
+POLICY_RETRIEVAL_TOKENS = (DEFAULT_RETRIEVAL_TOKENS, 24)
 
 
 def validate_retrieval_tokens(value) -> int:
@@ -76,31 +79,40 @@ def longest_match_continuation(tokens: torch.Tensor, last, n: int, max_ngram: in
     return tokens[(j + offsets).clamp(max=length - 1)], known
 
 
-def prompt_retrieval_gain(tokens: torch.Tensor, n: int, samples: int = 32) -> float:
-    """Tokens per step a retrieval chain of `n` would have added inside the prompt itself: at `samples` positions
-    spread over the prompt, the continuation of the longest earlier match is compared with the tokens that really
-    followed, and the matching prefix lengths are averaged. A prompt that repeats itself (code, a document quoting
-    its own names) scores high, text that never repeats scores 0: the tree policy's per-prompt estimate of the
-    retrieval gain (`tree_policy.TreePolicy.choose`).
+def prompt_retrieval_gains(tokens: torch.Tensor, lengths, samples: int = 32) -> dict[int, float]:
+    """Tokens per step a retrieval chain of each length in `lengths` would have added inside the prompt itself: at
+    `samples` positions spread over the prompt, the continuation of the longest earlier match is compared with the
+    tokens that really followed, and the matching prefix lengths are averaged. A prompt that repeats itself (code, a
+    document quoting its own names) scores high, text that never repeats scores 0: the tree policy's per-prompt
+    estimate of the retrieval gain (`tree_policy.TreePolicy.choose`). One scan with the longest length; a shorter
+    chain is scored as that proposal cut to its length (its own lookup may break a tie between equally long matches
+    differently).
 
     Args:
-        tokens: (length,) int64, the prompt (any device). n: chain length (tokens). samples: positions tried.
-    Returns: mean accepted tokens per position, in [0, n]; 0.0 for prompts shorter than 3 tokens. One host sync.
+        tokens: (length,) int64, the prompt (any device). lengths: chain lengths (tokens, ≥ 1). samples: positions.
+    Returns: {n: mean accepted tokens per position, in [0, n]}; 0.0 everywhere for prompts shorter than 3 tokens.
+        One host sync.
     Reference: module docstring; the acceptance of a chain under greedy verification (`verification.py`).
     """
-    length = tokens.shape[0]
-    if length < 3 or n < 1:
-        return 0.0
+    length, longest = tokens.shape[0], max(lengths, default=0)
+    if length < 3 or longest < 1:
+        return dict.fromkeys(lengths, 0.0)
     first = min(64, length // 2)  # leave some history to match against
     positions = torch.linspace(first, length - 2, min(samples, length - 1 - first)).long().unique().tolist()
-    offsets = torch.arange(1, n + 1, device=tokens.device)
+    offsets = torch.arange(1, longest + 1, device=tokens.device)
     accepted = []
     for p in positions:
-        proposal, known = longest_match_continuation(tokens[: p + 1], p, n)
+        proposal, known = longest_match_continuation(tokens[: p + 1], p, longest)
         real = tokens[(p + offsets).clamp(max=length - 1)]
         hit = known & (proposal == real) & (p + offsets < length)
         accepted.append(hit.long().cumprod(0).sum())
-    return torch.stack(accepted).float().mean().item()
+    accepted = torch.stack(accepted).float()
+    return {n: accepted.clamp(max=n).mean().item() for n in lengths}
+
+
+def prompt_retrieval_gain(tokens: torch.Tensor, n: int, samples: int = 32) -> float:
+    """`prompt_retrieval_gains` for one chain length `n`: mean accepted tokens per position, in [0, n]."""
+    return prompt_retrieval_gains(tokens, (n,), samples)[n]
 
 
 def add_retrieval_branch(tree: DraftTree, continuation: torch.Tensor, known: torch.Tensor) -> DraftTree:
@@ -150,5 +162,6 @@ def add_retrieval_branch(tree: DraftTree, continuation: torch.Tensor, known: tor
     )
 
 
-__all__ = ["DEFAULT_RETRIEVAL_TOKENS", "MAX_NGRAM", "add_retrieval_branch", "longest_match_continuation",
+__all__ = ["DEFAULT_RETRIEVAL_TOKENS", "MAX_NGRAM", "POLICY_RETRIEVAL_TOKENS", "add_retrieval_branch",
+           "longest_match_continuation", "prompt_retrieval_gains",
            "prompt_retrieval_gain", "validate_retrieval_tokens"]

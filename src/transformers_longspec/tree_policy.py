@@ -17,11 +17,13 @@ retrieval branch of R tokens:
 * τ̂ = 1 + Σ_d Π_{i<=d} a_i + g: depth d of the tree holds the target's token with probability a_d = 1 − (1 − p)^√b_d,
   b_d = max(1, w_d / w_{d−1}) candidates per parent (more candidates, diminishing returns); p is the draft's
   top-1 acceptance, g the tokens per step the retrieval branch adds. p starts from a prior (0.5) and follows what
-  the draft achieved in earlier calls of the process (by inverting τ̂ for the shape used). g is estimated per prompt:
+  the draft achieved in earlier calls of the process (by inverting τ̂ for the shape used). g is estimated per prompt
+  and per chain length R (none, 10 or 24 tokens when the call names no length: `retrieval.POLICY_RETRIEVAL_TOKENS`;
+  24 only where the verification is flat in its token count, `LONG_CHAIN_FLATNESS`):
   the chain the retrieval branch would have proposed at positions inside the prompt, against the tokens that really
-  followed (`retrieval.prompt_retrieval_gain`; a repetitive C file scores several tokens, an essay a fraction of
-  one), times a scale learnt from earlier calls (the gain observed while generating over the prompt's estimate).
-  Without a prompt g starts from a prior (0.2) and follows the gains observed.
+  followed (`retrieval.prompt_retrieval_gains`; a repetitive C file scores several tokens, more with the longer
+  chain, an essay a fraction of one), times a scale learnt from earlier calls (the gain observed while generating
+  over the prompt's estimate). Without a prompt g starts from a prior (0.2) and follows the gains observed.
 
 The candidates are `LADDER` (chains and small trees up to the default) and the draft's own `beam_widths`; the empty
 tree (plain decoding through the engine, speed 1 + g / ...) is always one, so the default never predicts slower
@@ -41,12 +43,16 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import DraftRingCache
-from .retrieval import prompt_retrieval_gain
+from .retrieval import prompt_retrieval_gains
 from .tree import grow_tree
 
 LADDER = ((), (1,), (1, 1), (1, 1, 1), (2, 2, 2), (2, 2, 2, 2), (4, 4, 4, 4), (4, 8, 8, 8), (4, 16, 16, 16, 16))
 PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN = 0.5, 0.2
 SWITCH_GAIN = 1.1  # another shape replaces the previous call's only if predicted this many times faster
+# A retrieval chain longer than the shortest option is weighed only where the verification is this flat in its token
+# count (a GPU): the measured costs leave out the long context's attention, which grows with every tree token, and
+# on a CPU a 24-token chain then cost 1.6x the 10-token one per step where the costs said 1.3x (session 11 demo).
+LONG_CHAIN_FLATNESS = 1.1
 _VERIFY_POINTS = (1, 2, 8, 32, 96, 160)  # tokens per measured target forward (on a CPU 2 already costs ~1.4x 1)
 
 
@@ -147,19 +153,20 @@ class TreePolicy:
         self.costs: dict[tuple, TreeCosts] = {}
         self.acceptance, self.retrieval_gain = PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN
         self.retrieval_scale = 1.0  # gain observed while generating over the prompt's own estimate (calls so far)
-        self.prompt_gain: float | None = None  # `prompt_retrieval_gain` of the current call's prompt
+        self.prompt_gain: dict[int, float] | None = None  # {chain length: gain} of the current call's prompt
         self.draft_scale = 1.0  # observed draft / verification time per step over the measured ratio (calls so far)
         self._key, self._last = None, None  # the costs and the choice of the last `choose`
 
-    def expected_gain(self) -> float:
-        """g: tokens per step the retrieval branch is expected to add (the prompt's estimate when there is one)."""
-        if self.prompt_gain is None:
+    def expected_gain(self, retrieval_tokens: int) -> float:
+        """g: tokens per step a retrieval branch of that length is expected to add (the prompt's estimate when there
+        is one for it, else the gain observed in earlier calls)."""
+        if self.prompt_gain is None or retrieval_tokens not in self.prompt_gain:
             return self.retrieval_gain
-        return self.retrieval_scale * self.prompt_gain
+        return self.retrieval_scale * self.prompt_gain[retrieval_tokens]
 
     def predicted_speedup(self, widths, retrieval_tokens: int, costs: TreeCosts) -> float:
         """τ̂ × (plain step seconds) / (draft + verification seconds) for a shape and a retrieval length."""
-        gain = self.expected_gain() if retrieval_tokens else 0.0
+        gain = self.expected_gain(retrieval_tokens) if retrieval_tokens else 0.0
         draft_s = self.draft_scale * costs.draft.get(tuple(widths), 0.0)
         step = draft_s + costs.verify_s(1 + sum(widths) + retrieval_tokens)
         return expected_tau(widths, self.acceptance, gain) * costs.verify_s(1) / step
@@ -171,25 +178,36 @@ class TreePolicy:
         compiled draft phase and new graphs, and estimates move a little with every call.
 
         Args:
-            retrieval_options: retrieval lengths to consider (tokens): the call's own, or (0, the default) when the
-                call names none.
-            prompt: (length,) int64, the call's prompt: its own retrieval gain is estimated when a retrieval length
-                is among the options (`retrieval.prompt_retrieval_gain`); None keeps the gain learnt so far.
+            retrieval_options: retrieval lengths to consider (tokens): the call's own, or 0 and
+                `retrieval.POLICY_RETRIEVAL_TOKENS` when the call names none.
+            prompt: (length,) int64, the call's prompt: its own retrieval gain is estimated for every retrieval
+                length among the options (`retrieval.prompt_retrieval_gains`); None keeps the gain learnt so far.
         """
-        longest = max(retrieval_options)
-        self.prompt_gain = None if prompt is None or not longest else prompt_retrieval_gain(prompt, longest)
+        lengths = [r for r in retrieval_options if r]
+        self.prompt_gain = None if prompt is None or not lengths else prompt_retrieval_gains(prompt, lengths)
         param = next(target.parameters())
         key = (id(target), param.device, param.dtype)
         if key not in self.costs:
             self.costs[key] = measure_costs(target, draft, self.candidates)
         self._key = key
-        options = [(w, r) for w in self.candidates for r in retrieval_options]
+        options = [(w, r) for w in self.candidates for r in retrieval_options if self._flat_enough(w, r,
+                                                                                                  retrieval_options)]
         speed = {o: self.predicted_speedup(o[0], o[1], self.costs[key]) for o in options}
         best = max(options, key=speed.get)
         if self._last in speed and speed[best] < SWITCH_GAIN * speed[self._last]:
             best = self._last
         self._last = best
         return best
+
+    def _flat_enough(self, widths, retrieval_tokens: int, retrieval_options) -> bool:
+        """False for a retrieval chain longer than the shortest one on offer where the verification of its extra
+        tokens costs more than `LONG_CHAIN_FLATNESS` times the shorter tree's (see that constant)."""
+        shortest = min((r for r in retrieval_options if r), default=0)
+        if retrieval_tokens <= shortest:
+            return True
+        costs = self.costs[self._key]
+        base = 1 + sum(widths)
+        return costs.verify_s(base + retrieval_tokens) <= LONG_CHAIN_FLATNESS * costs.verify_s(base + shortest)
 
     def calibrate(self, widths, retrieval_tokens: int, draft_s: float, verify_s: float) -> None:
         """Move `draft_scale` halfway to (observed draft / verification seconds) / (the same ratio from the measured
@@ -210,8 +228,9 @@ class TreePolicy:
         gain = retrieval_accepted / steps
         if retrieval_tokens:
             self.retrieval_gain = 0.5 * self.retrieval_gain + 0.5 * gain
-            if self.prompt_gain:  # how the gain while generating compares with the prompt's own estimate
-                ratio = min(max(gain / self.prompt_gain, 0.1), 10.0)
+            estimate = (self.prompt_gain or {}).get(retrieval_tokens)
+            if estimate:  # how the gain while generating compares with the prompt's own estimate
+                ratio = min(max(gain / estimate, 0.1), 10.0)
                 self.retrieval_scale = 0.5 * self.retrieval_scale + 0.5 * ratio
         if widths:
             tau = sum(accepted_lengths) / steps
