@@ -32,8 +32,9 @@ Sizes: any q_len and kv_len; meant for tree sizes up to ~512 queries. A long com
 Empty rows: a query row with no visible key returns out = 0 and lse = -inf (the ref does the same), so merging it
     with a prefix state returns the prefix state unchanged.
 Algorithm: flash-style online softmax in base 2 over BLOCK_N key blocks with `tl.dot`; the mask block is loaded
-    beside each key block. Split-KV (flash-decoding): the grid is (query blocks of BLOCK_M rows, batch · n_heads,
-    num_splits), and program (m, bh, s) folds only key blocks [s · B, (s + 1) · B) for B = blocks_per_split. With
+    beside each key block. Split-KV (flash-decoding): the grid is (query blocks of BLOCK_M rows, batch · n_heads
+    / HEADS, num_splits), HEADS = 1 or the GQA group with `pack_gqa`, and program (m, bh, s) folds only key blocks
+    [s · B, (s + 1) · B) for B = blocks_per_split. With
     one split it writes out and lse directly, exactly the unsplit kernel. With S > 1 splits each program writes its
     normalised fp32 partial output (0 where the split saw no visible key) and natural-log LSE (-inf there) to
     scratch tensors (S, batch, n_heads, q_len, head_dim) and (S, batch, n_heads, q_len), and
@@ -267,7 +268,7 @@ def _split_plan(programs: int, key_blocks: int, sms: int, num_splits: int | None
     rounded so that the splits share the key blocks evenly and none is empty.
 
     Args:
-        programs: programs of the unsplit grid, cdiv(q_len, BLOCK_M) · batch · n_heads (≥ 1).
+        programs: programs of the unsplit grid, cdiv(q_len · HEADS, BLOCK_M) · batch · n_heads / HEADS (≥ 1).
         key_blocks: cdiv(kv_len, BLOCK_N) (≥ 0).
         sms: streaming multiprocessors on the device.
         num_splits: a requested count (int ≥ 1), or None for the heuristic.

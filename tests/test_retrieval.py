@@ -20,7 +20,6 @@ from transformers_longspec.retrieval import (
     MAX_NGRAM,
     add_retrieval_branch,
     longest_match_continuation,
-    prompt_retrieval_gain,
     prompt_retrieval_gains,
 )
 from transformers_longspec.tree import DraftTree
@@ -89,11 +88,11 @@ def test_prompt_gain_counts_what_the_chain_would_have_matched():
     # p - 300 predicts every following token, up to the prompt's end (p + t < 600).
     positions = torch.linspace(64, 598, 32).long().unique()
     expected = torch.stack([(p >= 300) * torch.clamp(599 - p, max=10) for p in positions]).float().mean()
-    assert prompt_retrieval_gain(repeated, 10) == pytest.approx(expected.item())
-    assert prompt_retrieval_gain(torch.arange(500), 10) == 0.0
-    assert prompt_retrieval_gain(torch.tensor([5, 5]), 10) == 0.0  # too short to try
+    assert prompt_retrieval_gains(repeated, (10,))[10] == pytest.approx(expected.item())
+    assert prompt_retrieval_gains(torch.arange(500), (10,))[10] == 0.0
+    assert prompt_retrieval_gains(torch.tensor([5, 5]), (10,))[10] == 0.0  # too short to try
     half = torch.cat([block, block[:150], torch.arange(1000, 1150)])  # the copy breaks off halfway
-    assert 0.0 < prompt_retrieval_gain(half, 10) < prompt_retrieval_gain(repeated, 10)
+    assert 0.0 < prompt_retrieval_gains(half, (10,))[10] < prompt_retrieval_gains(repeated, (10,))[10]
     gains = prompt_retrieval_gains(repeated, (10, 24))  # one scan: the 24-token proposal, cut to 10 for the other
     expected_24 = torch.stack([(p >= 300) * torch.clamp(599 - p, max=24) for p in positions]).float().mean()
     assert gains == {10: pytest.approx(expected.item()), 24: pytest.approx(expected_24.item())}

@@ -29,6 +29,11 @@ _FIX = "re-save the draft with draft.save_pretrained(folder) or download it agai
 _COMPACT_FIX = "write it again with draft.save_compact(path)"
 
 
+def _local_path(path) -> Path:
+    """`path` (str or os.PathLike) as a Path, "~" expanded."""
+    return Path(os.path.expanduser(os.fspath(path)))
+
+
 def local_draft_folder(name_or_path, subfolder: str = "", hub_kwargs: dict | None = None) -> Path | None:
     """The local folder `name_or_path` names, or None when it is a Hub repository id.
 
@@ -45,7 +50,7 @@ def local_draft_folder(name_or_path, subfolder: str = "", hub_kwargs: dict | Non
         instead of after ~45 s of the Hub client's retries.
     """
     text = os.fspath(name_or_path)
-    path = Path(os.path.expanduser(text))
+    path = _local_path(text)
     if path.is_dir():
         return path / subfolder if subfolder else path
     if path.exists():
@@ -214,6 +219,14 @@ def non_finite_parameters(model: torch.nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
 
 
+def check_finite_weights(model: torch.nn.Module, where, fix: str) -> None:
+    """Raise ValueError naming the parameters of `model`, loaded from `where`, that hold NaN or inf, and `fix`."""
+    broken = non_finite_parameters(model)
+    if broken:
+        raise ValueError(f"the draft weights in {os.fspath(where)!r} hold NaN or inf ({broken[:4]}): a corrupted file "
+                         f"or a diverged training run; {fix}")
+
+
 COMPACT_FORMAT = "longspec-draft-int8/1"  # safetensors metadata "format" of a compact draft file
 _SCALE = ".int8_scale"  # suffix of the per-row scales of a weight stored as int8
 
@@ -248,7 +261,7 @@ def write_compact_file(path, state: dict[str, torch.Tensor], config: dict) -> Pa
             tensors[name] = tensor.float()
         else:  # token ids (the draft vocabulary) fit int32: half the bytes
             tensors[name] = tensor.to(torch.int32) if tensor.dtype == torch.int64 else tensor
-    path = Path(os.path.expanduser(os.fspath(path)))
+    path = _local_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
               metadata={"format": COMPACT_FORMAT, "config": json.dumps(config)})
@@ -261,7 +274,7 @@ def compact_file_config(path) -> dict | None:
     Raises: ValueError for a file that is not a compact LongSpec draft (another safetensors file, a truncated or
         foreign file), naming what to pass instead.
     """
-    path = Path(os.path.expanduser(os.fspath(path)))
+    path = _local_path(path)
     if not path.is_file():
         return None
     try:
@@ -286,7 +299,7 @@ def read_compact_state(path) -> dict[str, torch.Tensor]:
     Raises: ValueError for a file without the scales of an int8 tensor (a damaged file).
     """
     state = {}
-    with safe_open(os.fspath(os.path.expanduser(os.fspath(path))), framework="pt") as f:
+    with safe_open(str(_local_path(path)), framework="pt") as f:
         names = set(f.keys())
         for name in names - {n for n in names if n.endswith(_SCALE)}:
             tensor = f.get_tensor(name)
@@ -323,6 +336,7 @@ def upload_draft_folder(folder, repo_id: str, commit_message: str | None = None,
 __all__ = [
     "local_draft_folder", "read_draft_config", "saved_tensor_shapes", "compare_state_shapes", "check_saved_draft",
     "check_loading_info",
-    "non_finite_parameters", "create_hub_repo", "upload_draft_folder", "MODEL_TYPE", "WEIGHTS_NAME",
+    "non_finite_parameters", "check_finite_weights", "create_hub_repo", "upload_draft_folder", "MODEL_TYPE",
+    "WEIGHTS_NAME",
     "COMPACT_FORMAT", "write_compact_file", "compact_file_config", "read_compact_state",
 ]

@@ -31,13 +31,13 @@ from transformers.utils import ModelOutput
 
 from .blocks import _HYBRID_TREE_ATTENTION, LongSpecBlock, sliding_window_attention, sliding_window_causal_mask
 from .checkpoint import (
+    check_finite_weights,
     check_loading_info,
     check_saved_draft,
     compact_file_config,
     compare_state_shapes,
     create_hub_repo,
     local_draft_folder,
-    non_finite_parameters,
     read_compact_state,
     upload_draft_folder,
     write_compact_file,
@@ -167,12 +167,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
         )
         check_loading_info(info, pretrained_model_name_or_path)
-        broken = non_finite_parameters(draft)
-        if broken:
-            raise ValueError(
-                f"the draft weights in {os.fspath(pretrained_model_name_or_path)!r} hold NaN or inf ({broken[:4]}): a "
-                "corrupted file or a diverged training run; download the draft again or retrain it"
-            )
+        check_finite_weights(draft, pretrained_model_name_or_path, "download the draft again or retrain it")
         if target_model is not None:
             if "dtype" not in kwargs and "torch_dtype" not in kwargs and "device_map" not in kwargs:
                 param = next(target_model.parameters())
@@ -201,10 +196,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         compare_state_shapes({k: tuple(v.shape) for k, v in state.items()},
                              {k: tuple(v.shape) for k, v in draft.state_dict().items()}, path, compact=True)
         draft.load_state_dict(state)
-        broken = non_finite_parameters(draft)
-        if broken:
-            raise ValueError(f"the draft weights in {os.fspath(path)!r} hold NaN or inf ({broken[:4]}): a corrupted "
-                             "file or a diverged training run; write it again with draft.save_compact")
+        check_finite_weights(draft, path, "write it again with draft.save_compact")
         if target_model is not None:
             param = next(target_model.parameters())
             draft.to(device=param.device, dtype=dtype or param.dtype)

@@ -110,11 +110,6 @@ def prompt_retrieval_gains(tokens: torch.Tensor, lengths, samples: int = 32) -> 
     return {n: accepted.clamp(max=n).mean().item() for n in lengths}
 
 
-def prompt_retrieval_gain(tokens: torch.Tensor, n: int, samples: int = 32) -> float:
-    """`prompt_retrieval_gains` for one chain length `n`: mean accepted tokens per position, in [0, n]."""
-    return prompt_retrieval_gains(tokens, (n,), samples)[n]
-
-
 def add_retrieval_branch(tree: DraftTree, continuation: torch.Tensor, known: torch.Tensor) -> DraftTree:
     """Append a retrieval chain to a draft tree, merged with the draft path that already carries its first tokens.
 
@@ -163,5 +158,4 @@ def add_retrieval_branch(tree: DraftTree, continuation: torch.Tensor, known: tor
 
 
 __all__ = ["DEFAULT_RETRIEVAL_TOKENS", "MAX_NGRAM", "POLICY_RETRIEVAL_TOKENS", "add_retrieval_branch",
-           "longest_match_continuation", "prompt_retrieval_gains",
-           "prompt_retrieval_gain", "validate_retrieval_tokens"]
+           "longest_match_continuation", "prompt_retrieval_gains", "validate_retrieval_tokens"]

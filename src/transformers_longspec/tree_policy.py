@@ -190,8 +190,9 @@ class TreePolicy:
         if key not in self.costs:
             self.costs[key] = measure_costs(target, draft, self.candidates)
         self._key = key
-        options = [(w, r) for w in self.candidates for r in retrieval_options if self._flat_enough(w, r,
-                                                                                                  retrieval_options)]
+        shortest = min(lengths, default=0)
+        options = [(w, r) for w in self.candidates for r in retrieval_options
+                   if r <= shortest or self._verify_flat(w, shortest, r)]
         speed = {o: self.predicted_speedup(o[0], o[1], self.costs[key]) for o in options}
         best = max(options, key=speed.get)
         if self._last in speed and speed[best] < SWITCH_GAIN * speed[self._last]:
@@ -199,15 +200,11 @@ class TreePolicy:
         self._last = best
         return best
 
-    def _flat_enough(self, widths, retrieval_tokens: int, retrieval_options) -> bool:
-        """False for a retrieval chain longer than the shortest one on offer where the verification of its extra
-        tokens costs more than `LONG_CHAIN_FLATNESS` times the shorter tree's (see that constant)."""
-        shortest = min((r for r in retrieval_options if r), default=0)
-        if retrieval_tokens <= shortest:
-            return True
-        costs = self.costs[self._key]
-        base = 1 + sum(widths)
-        return costs.verify_s(base + retrieval_tokens) <= LONG_CHAIN_FLATNESS * costs.verify_s(base + shortest)
+    def _verify_flat(self, widths, shorter: int, longer: int) -> bool:
+        """Whether verifying `widths` with a `longer` retrieval chain costs at most `LONG_CHAIN_FLATNESS` times the
+        same tree with a `shorter` one (the gate on long chains: see that constant)."""
+        costs, base = self.costs[self._key], 1 + sum(widths)
+        return costs.verify_s(base + longer) <= LONG_CHAIN_FLATNESS * costs.verify_s(base + shorter)
 
     def calibrate(self, widths, retrieval_tokens: int, draft_s: float, verify_s: float) -> None:
         """Move `draft_scale` halfway to (observed draft / verification seconds) / (the same ratio from the measured
