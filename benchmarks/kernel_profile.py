@@ -7,7 +7,8 @@ On a random-weight target of Qwen2.5-1.5B's shape with an untrained draft that r
 1. ms per step as users run it (CUDA graphs + compiled regions), with the draft's own vocabulary of 32,768 tokens
    (`vocabulary.py`) and with its 16,384 most frequent (`--vocab-sizes`; 0 = the whole vocabulary), beside the plain
    CUDA-graph loop's ms per token; `--intermediate-size` narrows the draft's MLP; the first vocabulary again with
-   the attention kernel's GQA packing switched (`attention.PACK_GQA`: one program per kv head's query heads);
+   the attention kernel's GQA packing switched (`attention.PACK_GQA`: one program per kv head's query heads), and
+   with the draft's beam selection in torch (log-softmax + two top-k) instead of the `beam_select` kernels;
 2. the kernels of each phase (draft / verification / greedy acceptance) from `torch.profiler`, with the same static
    step run without graphs (the same kernels a graph replays, launched one by one): count, summed GPU time and the
    heaviest kernels. Summed kernel time vs the graphed phase time shows what is kernel work and what is the gaps
@@ -18,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 
 import torch
 from step_profile import random_target
 
-from transformers_longspec import LongSpecDraft, attention, static_step
+from transformers_longspec import LongSpecDraft, attention, static_step, tree
 from transformers_longspec import generation as generation_module
 from transformers_longspec.bench import PlainGraphLoop, timed_call
 
@@ -157,6 +159,11 @@ def main() -> None:
         row[name] = step_ms(target, draft, ids, args.new_tokens, sizes[0])
         print(f"{name}: {json.dumps(row[name])}", flush=True)
         attention.PACK_GQA = not attention.PACK_GQA
+        draft.free_static_buffers()
+        tree.beam_select = functools.partial(tree.beam_select, kernel=False)
+        row[f"vocab_{sizes[0]}_torch_beam_select"] = step_ms(target, draft, ids, args.new_tokens, sizes[0])
+        print(f"torch beam select: {json.dumps(row[f'vocab_{sizes[0]}_torch_beam_select'])}", flush=True)
+        tree.beam_select = tree.beam_select.func
         draft.free_static_buffers()
         row["kernels"] = kernel_table(target, draft, ids, 32, vocab=sizes[0])
         draft.free_static_buffers()

@@ -19,10 +19,11 @@
 #            from the committed drafts/qwen2.5-coder-1.5b-instruct.int8.safetensors (INIT_DRAFT: another saved or
 #            compact draft; empty: a new one), then its compact int8 copy, which the tau and bench phases load
 #            and `wait` brings back in parts (commit it over the old one when its tau holds up)          ~9 min
-#   smol     (SMOL=1 only, beside train and tau) SmolLM2 drafts at equal budget, one lever changed each
-#            (SMOL_VARIANTS), their tau in fp32 (tree / chain) beside the bundled draft's, then the bundled draft's
-#            successor (SMOL_FINAL_MIN minutes)
+#   smol     (SMOL=1 only, from the end of data, beside chat, train and tau) SmolLM2 drafts at equal budget, one lever changed each
+#            (SMOL_VARIANTS, SMOL_STEPS steps or SMOL_MIN minutes), their tau in fp32 (tree / chain) beside the
+#            bundled draft's, and the bundled draft's successor (SMOL_FINAL_MIN minutes; SMOL_FINAL=0: neither)
 #   tau      the Qwen draft: tree + retrieval and chain (TAU_CONFIGS) on held-out + public documents, 2 per bucket
+#            (TAU_BUCKETS, default 8192,16384,30000)
 #   bench    every greedy method end to end in one process, alone on the GPU
 # Set LONGSPEC_COMMIT on the launch command line; carry .evaldata (public jsonl + heldout.jsonl).
 # DRY=1: the same pipeline on a CPU in minutes (tiny data and steps, 2k-token prompts, 16 new tokens; HOME pointing at
@@ -86,14 +87,17 @@ case "${1:-}" in
      phase gputests "${TESTS_S:-420}" bash benchmarks/lease_h200.sh gputests) &
     tests_pid=$!
     phase convert 300 bash -c 'bash benchmarks/lease_h200.sh convert'
-    phase chat "$(dry 240 $(( ${CHAT_S:-240} + 90 )))" bash benchmarks/lease_h200.sh chat
+    phase chat "$(dry 240 $(( ${CHAT_S:-240} + 90 )))" bash benchmarks/lease_h200.sh chat &
+    chat_pid=$!
     wait "$data_pid"
-    # ends with the tau phase at the latest (a variant not done by then is left out): the bench runs alone
+    # SmolLM2 from the end of the data phase (beside chat, train and tau) for at most SMOL_S seconds (a variant not
+    # done by then is left out): the bench runs alone
     smol_pid=
     if [ "${SMOL:-0}" = 1 ] && [ -f "$HOME/smollm2/config.json" ]; then
       phase smol "${SMOL_S:-$(dry 900 690)}" bash benchmarks/lease_h200.sh smol &
       smol_pid=$!
     fi
+    wait "$chat_pid"
     phase train "$(( ${TRAIN_MIN:-7} * 60 + 150 ))" bash benchmarks/lease_h200.sh train
     wait "$tests_pid"
     [ -f "$draft/config.json" ] || draft=  # no trained draft (training failed or ran out of time): an untrained one
@@ -148,7 +152,9 @@ case "${1:-}" in
   profile)  # where a training step's and a LongSpec step's time go (random weights of the Qwen shape)
     if [ "$DRY" = 1 ]; then echo "dry run: no GPU profile"; exit 0; fi
     pkg /tmp/pkg-profile
-    python3 benchmarks/kernel_profile.py --contexts "${PROFILE_CONTEXTS:-8192,30000}" --out "$OUT/kernel_profile.json"
+    # shellcheck disable=SC2086  # PROFILE_ARGS: more kernel_profile.py arguments, e.g. --intermediate-size 1536
+    python3 benchmarks/kernel_profile.py --contexts "${PROFILE_CONTEXTS:-8192,30000}" ${PROFILE_ARGS:-} \
+      --out "$OUT/kernel_profile.json"
     [ "${PROFILE_TRAIN:-1}" = 0 ] || python3 benchmarks/train_profile.py --out "$OUT/train_profile.json" ;;
   chat)  # the Qwen target's chat answers, cached for the train phase (which then generates none)
     pkg /tmp/pkg-chat
@@ -172,7 +178,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]))' "$HOME/draft-qwen15" "
     pkg /tmp/pkg-tau
     python3 benchmarks/tau_matrix.py --target "$HOME/qwen15" ${2:+--draft "$2"} --dtype "$(dry float32 bfloat16)" \
       --configs "${TAU_CONFIGS:-tree+retrieval,chain}" \
-      --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 8192,16384,30000)" --per-bucket \
+      --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 "${TAU_BUCKETS:-8192,16384,30000}")" --per-bucket \
       "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" --max-seconds "$(dry 60 "${TAU_S:-160}")" --out "$OUT/tau_matrix.json" ;;
   bench)  # every greedy method in one process (no other GPU work meanwhile); the held-out prose rows get a file of
           # their own (one prompt per bucket takes the first row of a file, a held-out code row in heldout.jsonl)
@@ -184,8 +190,10 @@ print("compact draft:", draft.save_compact(sys.argv[2]))' "$HOME/draft-qwen15" "
   smol)  # SmolLM2 drafts from the same builder: the bundled draft's successor (`final`) in one lane, beside it the
          # levers at equal budget (SMOL_STEPS steps each, one lever changed), each followed by its tau
     pkg /tmp/pkg-smol
-    bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
-    bash benchmarks/lease_h200.sh smol-train final &
+    if [ "${SMOL_FINAL:-1}" = 1 ]; then  # SMOL_FINAL=0: the levers alone
+      bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
+      bash benchmarks/lease_h200.sh smol-train final &
+    fi
     for v in ${SMOL_VARIANTS:-full nofeature nochat nolong nosoft noinit python}; do
       bash benchmarks/lease_h200.sh smol-train "$v"
     done
@@ -205,11 +213,12 @@ print("compact draft:", draft.save_compact(sys.argv[2]))' "$HOME/draft-qwen15" "
       CHAT_CACHE=$HOME/chat-cache-smollm2.jsonl DRAFT_SET="$draft_set" MIX_SET="$(smol_mix "$mix_set")" DRY_RUN=$DRY \
       TRAIN_EXTRA="$extra --max-steps $(dry 4 "$steps") --max-minutes $(dry 1 "$minutes")" \
       bash benchmarks/gpu_train_mix.sh && bash benchmarks/lease_h200.sh smol-tau "$HOME/draft-smol-$2" "$2" ;;
-  smol-tau)  # smol-tau DRAFT_FOLDER NAME: tau of a SmolLM2 draft in fp32 (tree / chain), 2k and 4k prompts
+  smol-tau)  # smol-tau DRAFT_FOLDER NAME: tau of a SmolLM2 draft in fp32 (SMOL_TAU_CONFIGS), 2k and 4k prompts
     pkg "/tmp/pkg-smol-tau-$3"
     python3 benchmarks/tau_matrix.py --target "$HOME/smollm2" --draft "$2" --dtype float32 \
-      --datasets heldout:4,code_completion,summarization --buckets 2048,4096 --per-bucket 1 \
-      --max-new-tokens "$(dry 16 128)" --configs tree,chain --max-seconds "$(dry 30 50)" --out "$OUT/tau_smol_$3.json" ;;
+      --datasets heldout:4,code_completion,summarization --buckets 2048,4096 --per-bucket "${SMOL_TAU_PER_BUCKET:-1}" \
+      --max-new-tokens "$(dry 16 128)" --configs "${SMOL_TAU_CONFIGS:-tree,chain}" \
+      --max-seconds "$(dry 30 "${SMOL_TAU_S:-50}")" --out "$OUT/tau_smol_$3.json" ;;
   sync)
     cp -r src trainers kernels benchmarks "$L/repo"/ && echo "synced into $L/repo" ;;
   wait)

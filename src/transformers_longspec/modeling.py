@@ -377,7 +377,20 @@ class LongSpecDraft(LongSpecPreTrainedModel):
 
     def step(self, input_ids, position_ids, past_keys, past_values, self_mask, target_keys, target_values,
              target_tail_mask=None, target_hidden=None, vocab=None):
-        """One inference step of the draft over query tokens (used to grow the tree).
+        """One inference step of the draft over query tokens: `step_logits` normalised to log-probs.
+
+        Args: as `step_logits`.
+        Returns: (log-probs (1, q, vocab or vocab slots) fp32, own keys, own values (1, n_kv_heads, q, head_dim)).
+        Raises: ValueError if `target_hidden` is missing although the config asks for it.
+        """
+        logits, bias, k, v = self.step_logits(input_ids, position_ids, past_keys, past_values, self_mask, target_keys,
+                                              target_values, target_tail_mask, target_hidden, vocab)
+        logits = logits.float() if bias is None else logits.float() + bias
+        return torch.log_softmax(logits, dim=-1), k, v
+
+    def step_logits(self, input_ids, position_ids, past_keys, past_values, self_mask, target_keys, target_values,
+                    target_tail_mask=None, target_hidden=None, vocab=None):
+        """One inference step of the draft over query tokens, up to the LM head (used to grow the tree).
 
         Args:
             input_ids, position_ids: (1, q) int64 — tokens and their absolute positions.
@@ -388,8 +401,10 @@ class LongSpecDraft(LongSpecPreTrainedModel):
                 are committed (static-shape decoding, `static_step.py`); None means all rows are committed.
             target_hidden: (1, 1, hidden) — the target's final hidden state at the last committed token; required
                 iff `config.target_hidden_input`.
-            vocab: a `vocabulary.DraftVocabulary`: log-probs over its slots only (None: the whole vocabulary).
-        Returns: (log-probs (1, q, vocab or vocab slots) fp32, own keys, own values (1, n_kv_heads, q, head_dim)).
+            vocab: a `vocabulary.DraftVocabulary`: logits over its slots only (None: the whole vocabulary).
+        Returns: (logits (1, q, vocab or vocab slots) in the LM head's dtype; bias (vocab slots,) fp32 to add before
+            the softmax (`vocab.bias`: -inf on padding slots) or None; own keys, own values (1, n_kv_heads, q,
+            head_dim)).
         Raises: ValueError if `target_hidden` is missing although the config asks for it.
         """
         self._check_target_hidden(target_hidden)
@@ -398,8 +413,10 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         hidden, k, v = self.block(hidden, cos, sin, target_keys, target_values, self_mask, past_keys, past_values,
                                   cross_tail_mask=target_tail_mask, target_hidden=target_hidden)
         hidden = self.norm(hidden)
-        logits = self.lm_logits(hidden) if vocab is None else vocab.logits(hidden)
-        return torch.log_softmax(logits, dim=-1), k, v
+        if vocab is None:
+            head = self._require_target().lm_head
+            return head(hidden.to(head.weight.dtype)), None, k, v
+        return F.linear(hidden.to(vocab.weight.dtype), vocab.weight), vocab.bias, k, v
 
     def forward(
         self,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import DraftRingCache
+from .kernels import beam_select
 
 
 @dataclass
@@ -114,18 +115,13 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
     tokens[0] = root[0]
     for d in range(len(beam_widths)):
         start, end = ranges[d]
-        log_probs = _draft_level(draft, ring, tokens, ancestors, start, end, root_position + d,
-                                 target_keys, target_values, target_tail_mask, target_hidden, vocab)
-        width = beam_widths[d]
-        # the best `width` children overall are among each parent's best `width`: top-k per row first, then one
-        # top-k over n * width candidates instead of n * vocab (the same set; much less work for a 150k vocab)
-        row_best, row_tokens = log_probs.topk(min(width, log_probs.shape[-1]), dim=-1)
-        if vocab is not None:  # slots of the draft's vocabulary → token ids
-            row_tokens = vocab.ids[row_tokens]
-        best, pick = (scores[start:end, None] + row_best).flatten().topk(width)
+        logits, bias = _draft_level(draft, ring, tokens, ancestors, start, end, root_position + d,
+                                    target_keys, target_values, target_tail_mask, target_hidden, vocab)
+        # the best `width` children of all parents by cumulative log-prob (the Triton kernels on CUDA)
+        best, rows, columns = beam_select(logits, scores[start:end], beam_widths[d], bias)
         new_start, new_end = ranges[d + 1]
-        parent = start + pick // row_best.shape[1]
-        tokens[new_start:new_end] = row_tokens.flatten()[pick]
+        parent = start + rows
+        tokens[new_start:new_end] = columns if vocab is None else vocab.ids[columns]  # vocabulary slots → ids
         parents[new_start:new_end] = parent
         scores[new_start:new_end] = best
         # (index_copy_ rather than `ancestors[a:b] |= ...`: the same values; inductor's CPU code for the latter fails)
@@ -139,8 +135,8 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
 
 def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_keys, target_values, tail_mask,
                  target_hidden, vocab):
-    """Run the draft on tree nodes [start, end) (all at `position`); store their K/V; return (n, vocab or vocab
-    slots) log-probs."""
+    """Run the draft on tree nodes [start, end) (all at `position`); store their K/V; return their logits (n, vocab
+    or vocab slots) in the LM head's dtype and the bias to add (None without a draft vocabulary)."""
     n = end - start
     device = tokens.device
     position = torch.as_tensor(position, device=device)
@@ -151,11 +147,11 @@ def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_ke
     past_k = torch.cat([ring.ring_keys, ring.tree_keys[:, :, :start]], dim=2)
     past_v = torch.cat([ring.ring_values, ring.tree_values[:, :, :start]], dim=2)
     positions = position.expand(1, n)
-    log_probs, k, v = draft.step(tokens[None, start:end], positions, past_k, past_v, mask, target_keys, target_values,
-                                 tail_mask, target_hidden, vocab)
+    logits, bias, k, v = draft.step_logits(tokens[None, start:end], positions, past_k, past_v, mask, target_keys,
+                                           target_values, tail_mask, target_hidden, vocab)
     ring.tree_keys[:, :, start:end] = k
     ring.tree_values[:, :, start:end] = v
-    return log_probs[0]
+    return logits[0], bias
 
 
 __all__ = ["DraftTree", "tree_layout", "grow_tree"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 
 PROMPT_SLOTS = 4096  # slots for the prompt's own tokens beyond the draft's frequent set
 
@@ -92,10 +91,6 @@ class DraftVocabulary:
         self.weight.copy_(draft.shared_lm_head.weight[self.ids])
         self.tokens = n + m
         return m
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits over the vocabulary's slots: normed draft states (..., hidden) → (..., size)."""
-        return F.linear(hidden.to(self.weight.dtype), self.weight).float() + self.bias
 
     def nbytes(self) -> int:
         """Bytes held by the buffers."""
