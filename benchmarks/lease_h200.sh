@@ -204,7 +204,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]))' "$HOME/draft-qwen15" "
       nofeature) draft_set='{"target_hidden_input": false}' ;;
       noinit) draft_set="${draft_set%\}}, \"init_from_target\": false}" ;;
       nochat) mix_set=', "chat_prompts": 0' ;;
-      nolong) mix_set=', "long_rows": 0' ;;
+      nolong) mix_set=', "long_rows": 0, "rows_cache": null' ;;  # the shared rows cache holds long rows
       nosoft) extra="--set soft_labels_topk=0" ;;
       python) mix_set=', "kinds": {"python": 1.0}, "rows_cache": null' ;;  # the data mix: Python sources only
       final) steps=${SMOL_FINAL_STEPS:-2400} minutes=${SMOL_FINAL_MIN:-5} ;;

@@ -26,7 +26,8 @@ Head dims: any 1 ≤ head_dim ≤ 256; 16, 32, 64, 128, 256 are the tested sizes
 GQA: any n_heads / n_kv_heads ratio (tested 1, 2, 4, 8); K/V are read per kv head, never repeated in memory.
     By default a program holds rows of one query head, so the group's heads each read the kv head's keys;
     `pack_gqa=True` gives a program rows of all of them (row r: query r % q_len of the group's head r // q_len), so
-    each key block is read once per kv head (speed not yet measured on a GPU; `attention.PACK_GQA` keeps it off).
+    each key block is read once per kv head (the package's default, `attention.PACK_GQA`: on an H200 at 16k it cut
+    the verification of Qwen2.5-1.5B's shape from 4.29 to 4.10 ms per step).
 Sizes: any q_len and kv_len; meant for tree sizes up to ~512 queries. A long committed prefix costs no mask reads
     (pass a mask over the tree part only); its key blocks are shared out between the splits like the others.
 Empty rows: a query row with no visible key returns out = 0 and lse = -inf (the ref does the same), so merging it
