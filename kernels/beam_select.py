@@ -34,7 +34,8 @@ Departures from `beam_select_ref`: the LSE sums per slice then merges (summation
     kernel's own scores. The torch path (`kernel=False`, the CPU default) keeps torch.topk's tie order, which torch
     does not specify.
 Sizes: any n ≥ 1 (programs hold BLOCK_C ≥ S·width keys of a row, and n·width scores in the last program: meant for
-    tree levels of up to ~64 nodes), n · V < 2³¹, 1 ≤ width ≤ 64 (compile-time: one compiled kernel per width).
+    tree levels of up to ~64 nodes), n · V < 2³¹, 1 ≤ width ≤ 64 (compile-time: one compiled kernel per width; a
+    wider level takes the torch path).
     BLOCK = max(1,024, V / 32 rounded up to a power of two).
 Launch: through `torch.library.triton_op` ("transformers_longspec::beam_select") with `wrap_triton`, so CUDA graphs
     and torch.compile take it; interpreted kernels (TRITON_INTERPRET=1) are launched directly.
@@ -48,6 +49,8 @@ Speed (H200, Qwen2.5-1.5B's shape at 16k, tree [4,16,16,16,16], `benchmarks/kern
     0.99 ms per step against 1.20 ms with the torch path; `_slice_top_kernel` ~9 µs per level.
 """
 
+import operator
+
 import torch
 from torch.library import triton_op, wrap_triton
 
@@ -58,8 +61,9 @@ MAX_WIDTH = 64
 # missing key (below every column's key, even a -inf logit's); 0x7FFFFFFF - index is a key's low half.
 
 
-def _check_inputs(logits, parent_scores, width, bias, *, caller: str) -> None:
-    """Raise TypeError / ValueError naming the bad argument and the fix."""
+def _check_inputs(logits, parent_scores, width, bias, *, caller: str) -> int:
+    """Raise TypeError / ValueError naming the bad argument and the fix; return `width` as a Python int."""
+    original_width = width
     if not isinstance(logits, torch.Tensor) or not isinstance(parent_scores, torch.Tensor):
         raise TypeError(f"{caller}: `logits` and `parent_scores` must be torch.Tensors.")
     if logits.dim() != 2 or logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -75,16 +79,14 @@ def _check_inputs(logits, parent_scores, width, bias, *, caller: str) -> None:
     if bias is not None and (
         not isinstance(bias, torch.Tensor) or bias.shape != (vocab,) or bias.dtype != torch.float32
     ):
-        raise ValueError(
-            f"{caller}: `bias` must be None or ({vocab},) float32, got {getattr(bias, 'shape', type(bias).__name__)}."
-        )
-    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
-        raise ValueError(f"{caller}: `width` must be an int in [1, {MAX_WIDTH}], got {width!r}.")
-    if n * vocab >= 2**31:
-        raise ValueError(
-            f"{caller}: n * V = {n * vocab} must stay below 2**31 (the kernels' 32-bit indices); split "
-            "the level into fewer rows."
-        )
+        got = f"{tuple(bias.shape)} {bias.dtype}" if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise ValueError(f"{caller}: `bias` must be None or ({vocab},) float32, got {got}.")
+    try:
+        width = None if isinstance(width, bool) else operator.index(width)  # numpy / 0-dim tensor ints too
+    except TypeError:
+        width = None
+    if width is None or width < 1:
+        raise ValueError(f"{caller}: `width` must be a positive int, got {original_width!r}.")
     if n * min(width, vocab) < width:
         raise ValueError(
             f"{caller}: {n} row(s) of {vocab} columns hold fewer than width={width} candidates; lower "
@@ -93,6 +95,7 @@ def _check_inputs(logits, parent_scores, width, bias, *, caller: str) -> None:
     devices = {t.device for t in (logits, parent_scores, bias) if t is not None}
     if len(devices) != 1:
         raise ValueError(f"{caller}: tensors must be on one device, got {sorted(map(str, devices))}.")
+    return width
 
 
 def beam_select(
@@ -108,29 +111,40 @@ def beam_select(
     Args:
         logits: (n, V) float16, bfloat16 or float32: the draft's LM-head output for the level's n nodes.
         parent_scores: (n,) fp32: each node's cumulative draft log-probability.
-        width: children to keep, 1 ≤ width ≤ 64, with n · min(width, V) ≥ width.
+        width: children to keep, ≥ 1, with n · min(width, V) ≥ width (the kernels: ≤ 64, and n · V < 2³¹).
         bias: optional (V,) fp32 added to the logits first (-inf masks a column).
         kernel: True runs the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1); False the torch top-k path;
-            None (default) the kernels on CUDA when Triton is installed, torch otherwise.
+            None (default) the kernels on CUDA when Triton is installed and the level fits them, torch otherwise.
     Returns: (scores (width,) fp32 descending, rows (width,) int64, columns (width,) int64): score = parent_scores[row]
-        + log_softmax(logits[row] + bias)[column].
+        + log_softmax(logits[row] + bias)[column]. NaN inputs give NaN scores and unspecified picks (not checked:
+        a check would read a value back to the host at every level).
     Raises:
         TypeError: if logits or parent_scores is not a tensor.
-        ValueError: on a bad shape, dtype, width or device mix; ImportError for kernel=True without Triton.
+        ValueError: on a bad shape, dtype, width, `kernel` value or device mix; ImportError for kernel=True without
+            Triton.
     Reference: LongSpec §3.3 (dynamic beam search over the draft tree); see the module's kernel card.
     """
-    _check_inputs(logits, parent_scores, width, bias, caller="beam_select")
+    width = _check_inputs(logits, parent_scores, width, bias, caller="beam_select")
+    if kernel is not None and not isinstance(kernel, bool):
+        raise ValueError(f"beam_select: `kernel` must be True, False or None, got {kernel!r}.")
     if kernel is None:
-        kernel = logits.is_cuda and triton_available()
+        kernel = logits.is_cuda and triton_available() and width <= MAX_WIDTH and logits.numel() < 2**31
     if not kernel:
         return _beam_select_torch(logits, parent_scores, width, bias)
     require_triton("beam_select")
+    if width > MAX_WIDTH or logits.numel() >= 2**31:
+        raise ValueError(
+            f"beam_select: the kernels take width ≤ {MAX_WIDTH} and n · V < 2**31 (32-bit indices), got width={width} "
+            f"and n · V = {logits.numel()}; pass kernel=False for the torch path."
+        )
     if not logits.is_cuda and not is_interpreted(_slice_top_kernel):
         raise ValueError(
             "beam_select: the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 set before "
             "importing triton); pass kernel=False for the torch path."
         )
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    parent_scores = parent_scores.contiguous()  # the kernels read both with unit stride
+    bias = None if bias is None else bias.contiguous()
     return _beam_select_op(logits, parent_scores, bias, width)
 
 
@@ -150,7 +164,7 @@ def beam_select_ref(
 
     Reference: LongSpec §3.3.
     """
-    _check_inputs(logits, parent_scores, width, bias, caller="beam_select_ref")
+    width = _check_inputs(logits, parent_scores, width, bias, caller="beam_select_ref")
     logits = logits.float() if bias is None else logits.float() + bias
     scores = (parent_scores[:, None] + torch.log_softmax(logits, dim=-1)).flatten()
     order = torch.sort(scores, descending=True, stable=True).indices[:width]

@@ -217,6 +217,9 @@ def resolve_draft_vocab(draft, generation_config: GenerationConfig, override=Non
             raise ValueError(f"longspec_draft_vocab must be True, False, an int (how many of the draft's frequent "
                              f"tokens) or None (the default: the draft's own vocabulary when it has one), got "
                              f"{value!r}") from None
+    if not isinstance(value, bool) and value < 0:
+        raise ValueError(f"longspec_draft_vocab={value}: a count of frequent tokens cannot be negative; use a "
+                         "positive int, True for all of them or False (0) for the whole vocabulary")
     if value and not size:
         raise ValueError(f"longspec_draft_vocab={value}, but this draft proposes from the whole vocabulary "
                          "(config.draft_vocab_size = 0); drop the option, or give the draft a vocabulary with "

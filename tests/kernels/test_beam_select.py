@@ -1,5 +1,6 @@
 """Tests for kernels/beam_select.py: the kernels pick the ref's children, in its order, ties included."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,10 +78,15 @@ def test_kernel_with_fewer_finite_scores_than_width(gen):
 @pytest.mark.parametrize("n,vocab,width", ((1, 50, 4), (16, 3000, 16), (5, 7, 3)))
 def test_torch_path_picks_the_refs_set(n, vocab, width, gen):
     logits, parents, bias = _level(n, vocab, torch.float32, gen, "padding")
-    scores, rows, cols = beam_select(logits, parents, width, bias, kernel=False)
-    ref_scores, ref_rows, ref_cols = beam_select_ref(logits, parents, width, bias)
-    torch.testing.assert_close(scores, ref_scores)
-    assert set(zip(rows.tolist(), cols.tolist())) == set(zip(ref_rows.tolist(), ref_cols.tolist()))
+    _assert_same_set(
+        beam_select(logits, parents, width, bias, kernel=False), beam_select_ref(logits, parents, width, bias)
+    )
+
+
+def _assert_same_set(got, want):
+    """The same scores in order and the same (row, column) pairs (the torch path's tie order is torch.topk's)."""
+    torch.testing.assert_close(got[0], want[0])
+    assert set(zip(got[1].tolist(), got[2].tolist())) == set(zip(want[1].tolist(), want[2].tolist()))
 
 
 def test_ref_is_the_top_of_all_scores(gen):
@@ -108,9 +114,36 @@ def test_bad_input_is_named(args, match):
             select(*args)
 
 
-def test_bad_bias_is_named():
+def test_bad_bias_and_kernel_values_are_named():
     with pytest.raises(ValueError, match="bias"):
         beam_select(torch.zeros(2, 5), torch.zeros(2), 2, torch.zeros(4))
+    with pytest.raises(ValueError, match=r"\(5,\) float32, got \(5,\) torch.float64"):
+        beam_select(torch.zeros(2, 5), torch.zeros(2), 2, torch.zeros(5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="`kernel` must be True, False or None"):
+        beam_select(torch.zeros(2, 5), torch.zeros(2), 2, kernel="yes")
+
+
+def test_numpy_widths_and_levels_wider_than_the_kernels_take_the_torch_path(gen):
+    """A width of 100 (beyond the kernels' 64) works on the default path, as it did before the kernels; forcing the
+    kernels names the limit and the fix. numpy integers count as ints."""
+    logits, parents, _ = _level(3, 200, torch.float32, gen)
+    want = beam_select_ref(logits, parents, 100)
+    _assert_same_set(beam_select(logits, parents, 100), want)
+    _assert_same_set(beam_select(logits, parents, np.int64(7)), beam_select_ref(logits, parents, 7))
+    with pytest.raises(ValueError, match="width ≤ 64.*kernel=False"):
+        beam_select(logits, parents, 100, kernel=True)
+
+
+@needs_kernel
+def test_kernel_reads_strided_parent_scores_and_bias(gen):
+    """Views with a stride (every other element) give the same choice as their contiguous copies."""
+    logits, _, _ = _level(4, 1000, torch.float32, gen)
+    parents = (-torch.rand(8, generator=gen) * 5)[::2]
+    bias = torch.randn(2000, generator=gen)[::2]
+    want = beam_select_ref(logits, parents.contiguous(), 8, bias.contiguous())
+    dev = [t.to(KERNEL_DEVICE) for t in (logits, parents, bias)]
+    assert not dev[1].is_contiguous() or KERNEL_DEVICE == "cuda"
+    _assert_same_choice(beam_select(dev[0], dev[1], 8, dev[2], kernel=True), want)
 
 
 @needs_gpu
