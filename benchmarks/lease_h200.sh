@@ -161,13 +161,14 @@ case "${1:-}" in
     # shellcheck disable=SC2046
     python3 -m transformers_longspec.cli data --chat --recipe "$RECIPE" --target "$HOME/qwen15" \
       $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-240}")")") ;;
-  train)  # continues the committed compact draft unless INIT_DRAFT says otherwise (INIT_DRAFT= : a new draft)
+  train)  # continues the committed compact draft unless INIT_DRAFT says otherwise (INIT_DRAFT= : a new draft);
+          # TRAIN_SET: more `longspec train` arguments, e.g. "--set draft_vocab_loss=true"
     INIT_DRAFT=${INIT_DRAFT-$PWD/drafts/qwen2.5-coder-1.5b-instruct.int8.safetensors}
     [ -z "$INIT_DRAFT" ] || [ -f "$INIT_DRAFT" ] || INIT_DRAFT=
     [ "$DRY" = 0 ] || INIT_DRAFT=  # the dry run's target is a small stand-in: a new draft
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
       MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \
-      TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-2000}") --max-minutes $(dry 1 "${TRAIN_MIN:-7}") ${INIT_DRAFT:+--draft $INIT_DRAFT}" \
+      TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-2000}") --max-minutes $(dry 1 "${TRAIN_MIN:-7}") ${INIT_DRAFT:+--draft $INIT_DRAFT} ${TRAIN_SET:-}" \
       bash benchmarks/gpu_train_mix.sh
     # the compact copy (one int8 file, `save_compact`): what the tau and bench phases load and what comes back
     pkg /tmp/pkg-train && python3 -c 'import sys, torch

@@ -6,7 +6,8 @@ One step of `LongSpecTrainer.compute_loss` + backward + AdamW, as the mixed reci
 weights, the draft reading the target's hidden state, argmax labels + top-16 soft labels, flash noise j = 2), split
 by CUDA events into: the frozen target's decoder pass, its LM head top-k, the draft's forward, the loss (LM-head
 chunks), the backward and the optimizer step. Two batch layouts of 16,384 tokens: 16 short rows of 1,024
-(anchor-offset positions) and one long row. Prints ms per phase and tokens per second; the mean of 5 steps after 2
+(anchor-offset positions) and one long row; each again with the loss over a draft vocabulary of 32,768 tokens + the
+batch's own (`draft_vocab_loss`). Prints ms per phase and tokens per second; the mean of 5 steps after 2
 warm-up steps.
 """
 
@@ -20,13 +21,14 @@ from step_profile import random_target
 
 from transformers_longspec import LongSpecDraft
 from transformers_longspec.trainers import target_last_layer_kv
-from transformers_longspec.trainers.soft_labels import soft_distill_loss, target_topk
+from transformers_longspec.trainers.soft_labels import draft_vocab_loss_parts, soft_distill_loss, target_topk
 
 PHASES = ("target", "target_topk", "draft_forward", "loss", "backward", "optimizer")
 
 
-def one_step(target, draft, optimizer, ids, positions, marks) -> None:
-    """compute_loss + backward + optimizer step, with a CUDA event after each phase appended to `marks`."""
+def one_step(target, draft, optimizer, ids, positions, marks, vocab_loss: bool = False) -> None:
+    """compute_loss + backward + optimizer step, with a CUDA event after each phase appended to `marks`;
+    `vocab_loss`: the loss over the draft's vocabulary + the batch's tokens (`draft_vocab_loss`)."""
     def mark():
         event = torch.cuda.Event(enable_timing=True)
         event.record()
@@ -43,7 +45,10 @@ def one_step(target, draft, optimizer, ids, positions, marks) -> None:
         out = draft(input_ids=ids, target_keys=keys, target_values=values, position_ids=positions,
                     noise_offset=2, target_hidden=hidden)
         mark()
-        loss = soft_distill_loss(draft.lm_logits, out.hidden_states, top_logits, top_ids, labels, 2, 512, 0.5)
+        lm_logits, targets = draft.lm_logits, (top_logits, top_ids, labels)
+        if vocab_loss:
+            lm_logits, targets = draft_vocab_loss_parts(draft, ids, *targets)
+        loss = soft_distill_loss(lm_logits, out.hidden_states, *targets, 2, 512, 0.5)
     mark()
     loss.backward()
     mark()
@@ -53,7 +58,7 @@ def one_step(target, draft, optimizer, ids, positions, marks) -> None:
     mark()
 
 
-def profile(target, draft, rows: int, seq: int, steps: int = 5, warm_up: int = 2) -> dict:
+def profile(target, draft, rows: int, seq: int, steps: int = 5, warm_up: int = 2, vocab_loss: bool = False) -> dict:
     """Mean ms per phase over `steps` steps of a (rows, seq) batch; positions 0.. (long) or offset (short rows)."""
     optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-4, fused=True)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -63,13 +68,13 @@ def profile(target, draft, rows: int, seq: int, steps: int = 5, warm_up: int = 2
     totals = dict.fromkeys(PHASES, 0.0)
     for step in range(warm_up + steps):
         marks = []
-        one_step(target, draft, optimizer, ids, positions, marks)
+        one_step(target, draft, optimizer, ids, positions, marks, vocab_loss)
         torch.cuda.synchronize()
         if step >= warm_up:
             for name, a, b in zip(PHASES, marks, marks[1:]):
                 totals[name] += a.elapsed_time(b) / steps
     step_ms = sum(totals.values())
-    return {"rows": rows, "seq": seq, "ms": totals, "step_ms": step_ms,
+    return {"rows": rows, "seq": seq, "draft_vocab_loss": vocab_loss, "ms": totals, "step_ms": step_ms,
             "tokens_per_s": rows * seq / step_ms * 1e3, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
@@ -81,9 +86,14 @@ def main() -> None:
     draft = LongSpecDraft.from_target(target, target_hidden_input=True).to(device="cuda", dtype=torch.float32)
     draft.train()
     rows = [profile(target, draft, 16, 1024), profile(target, draft, 1, 16384)]
+    # the same with the loss over a draft vocabulary of 32,768 tokens + the batch's (`draft_vocab_loss`)
+    draft.set_draft_vocabulary(torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(0))
+                               [:32768].cuda())
+    rows += [profile(target, draft, 16, 1024, vocab_loss=True), profile(target, draft, 1, 16384, vocab_loss=True)]
     for row in rows:
         phases = " + ".join(f"{name} {ms:.0f}" for name, ms in row["ms"].items())
-        print(f"{row['rows']} x {row['seq']}: {row['step_ms']:.0f} ms/step = {phases} ms; "
+        print(f"{row['rows']} x {row['seq']}{' draft_vocab_loss' if row['draft_vocab_loss'] else ''}: "
+              f"{row['step_ms']:.0f} ms/step = {phases} ms; "
               f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_gib']:.1f} GiB")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     with open(args.out, "w") as f:

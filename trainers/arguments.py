@@ -36,6 +36,13 @@ class LongSpecTrainingArguments(TrainingArguments):
             (renormalised over its k largest logits, `soft_labels.py`); 0 = off. 8-32 covers what a tree proposes.
         soft_labels_weight (`float`): weight w of the soft loss: loss = (1 - w) * hard CE + w * soft CE (1 = soft
             only). The hard labels are the text's or, with `distill_labels`, the target's argmax.
+        draft_vocab_loss (`bool`): compute the loss's softmax over the draft's own vocabulary (its
+            `draft_vocab` frequent tokens) plus the tokens of the batch, as `generate` proposes from that vocabulary
+            plus the prompt's tokens, instead of the target's whole vocabulary: the LM head of the loss reads a
+            fraction of its rows (Qwen2.5: ~37k of 151,936). Target top-k ids outside the set leave the soft target
+            (the rest renormalised); a hard label outside it leaves its position unsupervised. Evaluation losses use
+            the same softmax, so they are not comparable with full-vocabulary ones. Needs `soft_labels_topk` > 0 and
+            a draft with a vocabulary (`config.draft_vocab_size` > 0).
         loss_chunk_size (`int`): positions per LM-head chunk in the loss (bounds the logits memory: one chunk of
             logits is alive at a time, the backward pass recomputes each).
         target_sharding (`str`): "auto" shards the frozen target over the processes with FSDP2 when the draft
@@ -45,8 +52,8 @@ class LongSpecTrainingArguments(TrainingArguments):
             `messages`) that the draft's `forward` does not take.
 
     Raises: ValueError from `__post_init__` for a negative sink count, non-positive lengths, `noise_max` < 1, an
-        unknown `target_sharding`, `soft_labels_topk` < 0, `soft_labels_weight` outside [0, 1] or
-        `remove_unused_columns=True`.
+        unknown `target_sharding`, `soft_labels_topk` < 0, `soft_labels_weight` outside [0, 1],
+        `draft_vocab_loss` without soft labels or `remove_unused_columns=True`.
     Reference: LongSpec §3.2 (Alg. 1 anchor-offset, Alg. 2 flash noisy training); transformers `TrainingArguments`.
     """
 
@@ -87,6 +94,10 @@ class LongSpecTrainingArguments(TrainingArguments):
         default=1.0,
         metadata={"help": "Soft loss weight w: (1 - w) * hard CE + w * soft CE (when soft_labels_topk > 0)."},
     )
+    draft_vocab_loss: bool = field(
+        default=False,
+        metadata={"help": "Loss softmax over the draft's vocabulary + the batch's tokens (needs soft_labels_topk)."},
+    )
     loss_chunk_size: int = field(
         default=2048, metadata={"help": "Positions per LM-head chunk in the draft loss (bounds logits memory)."}
     )
@@ -119,6 +130,9 @@ class LongSpecTrainingArguments(TrainingArguments):
             raise ValueError(f"soft_labels_topk must be >= 0 (0 = off, 8-32 typical), got {self.soft_labels_topk}")
         if not 0.0 <= self.soft_labels_weight <= 1.0:
             raise ValueError(f"soft_labels_weight must be in [0, 1] (1 = soft only), got {self.soft_labels_weight}")
+        if self.draft_vocab_loss and self.soft_labels_topk == 0:
+            raise ValueError("draft_vocab_loss=True computes the loss with the soft-label pass: set soft_labels_topk "
+                             "(e.g. 16), or leave draft_vocab_loss off")
         if self.loss_chunk_size < 1:
             raise ValueError(f"loss_chunk_size must be >= 1, got {self.loss_chunk_size}")
         super().__post_init__()
@@ -129,7 +143,7 @@ LONGSPEC_DEFAULTS = {
     name: LongSpecTrainingArguments.__dataclass_fields__[name].default
     for name in (
         "anchor_offset", "anchor_sinks", "anchor_max_length", "max_position", "noisy_training", "noise_max",
-        "index_seed", "distill_labels", "soft_labels_topk", "soft_labels_weight", "loss_chunk_size",
-        "target_sharding",
+        "index_seed", "distill_labels", "soft_labels_topk", "soft_labels_weight", "draft_vocab_loss",
+        "loss_chunk_size", "target_sharding",
     )
 }

@@ -11,7 +11,8 @@ target's top-k distribution does. Per supervised position t (predicting token t 
 mixed with the hard cross-entropy as (1 - w) * CE + w * soft (`soft_labels_weight`). The target's top-k come from
 the same LM-head pass that gives the argmax labels (`target_topk`), in chunks; the draft's logits are computed
 chunk by chunk under activation checkpointing, once for both terms, so one chunk of (batch, chunk, vocab) fp32
-logits is alive at a time.
+logits is alive at a time. With `draft_vocab_loss` q is the softmax over the draft's vocabulary and the batch's
+tokens only (`draft_vocab_loss_parts`, `vocabulary_targets`): the set `generate` proposes from.
 
 Reference: Hinton et al. 2015 (knowledge distillation); DistillSpec (Zhou et al., 2023, speculative drafts
 distilled on the target's distribution); LongSpec (arXiv 2502.17421) §3.2 (the draft's next-token loss).
@@ -20,9 +21,10 @@ distilled on the target's distribution); LongSpec (arXiv 2502.17421) §3.2 (the 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["soft_distill_loss", "target_topk"]
+__all__ = ["draft_vocab_loss_parts", "soft_distill_loss", "target_topk", "vocabulary_targets"]
 
 
 def target_topk(target, hidden: torch.Tensor, k: int, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,3 +107,50 @@ def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor,
         else:
             total = total + _chunk_soft_sum(lm_logits, *args)
     return total / mask.sum().clamp(min=1)
+
+
+def vocabulary_targets(kept: torch.Tensor, vocab_size: int, top_logits: torch.Tensor, top_ids: torch.Tensor,
+                       labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The loss targets of `soft_distill_loss` moved onto the slots of a draft vocabulary (`draft_vocab_loss`).
+
+    Args:
+        kept: (m,) int64, distinct token ids the loss's softmax runs over (slot i = kept[i]).
+        vocab_size: the target's vocabulary size.
+        top_logits, top_ids: (batch, seq, k) from `target_topk`.
+        labels: (batch, seq) int64 token ids, unshifted, -100 = not supervised.
+    Returns: (top_logits with -inf where the id is not kept, so the soft target renormalises over the kept ids;
+        top_ids as slots (0 where not kept: weight 0); labels as slots, -100 where the token is not kept or the
+        position's top-k holds no kept id, whose logits are left finite). Shapes and dtypes as given.
+    Reference: vocabulary-pruned draft heads (FR-Spec, Zhao et al. 2025); `vocabulary.py`.
+    """
+    slots = torch.full((vocab_size,), -1, dtype=torch.long, device=kept.device)
+    slots[kept] = torch.arange(kept.numel(), device=kept.device)
+    top_slots = slots[top_ids]
+    none_kept = ~(top_slots >= 0).any(-1)  # (batch, seq): unsupervised below; its logits stay finite (no NaN)
+    label_slots = torch.where(labels >= 0, slots[labels.clamp(min=0)], -1)
+    label_slots[:, 1:] = label_slots[:, 1:].masked_fill(none_kept[:, :-1], -1)  # position t predicts token t + 1
+    top_logits = top_logits.masked_fill((top_slots < 0) & ~none_kept[..., None], float("-inf"))
+    return top_logits, top_slots.clamp(min=0), label_slots.masked_fill(label_slots < 0, -100)
+
+
+def draft_vocab_loss_parts(draft, input_ids: torch.Tensor, top_logits: torch.Tensor, top_ids: torch.Tensor,
+                           labels: torch.Tensor):
+    """`draft_vocab_loss`: an LM head over the draft's frequent tokens and the batch's own tokens (what `generate`
+    proposes from: the draft's vocabulary and the prompt's tokens), and the targets moved onto its slots.
+
+    Args:
+        draft: a `LongSpecDraft` with a vocabulary (`config.draft_vocab_size` > 0), attached to its target.
+        input_ids: (batch, seq) int64, the batch. top_logits, top_ids, labels: as `vocabulary_targets`.
+    Returns: (lm_logits: normed states (..., hidden) → fp32 logits over the m kept tokens, (top_logits, top_ids,
+        labels) from `vocabulary_targets`), ready for `soft_distill_loss`.
+    Reference: `vocabulary.DraftVocabulary` (the same set at inference).
+    """
+    head = draft.shared_lm_head
+    kept = torch.unique(torch.cat([draft.draft_vocab.to(input_ids.device), input_ids.flatten()]))
+    weight = head.weight[kept]
+    bias = None if getattr(head, "bias", None) is None else head.bias[kept]
+
+    def lm_logits(states: torch.Tensor) -> torch.Tensor:
+        return F.linear(states.to(weight.dtype), weight, bias).float()
+
+    return lm_logits, vocabulary_targets(kept, head.weight.shape[0], top_logits, top_ids, labels)

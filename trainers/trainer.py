@@ -37,7 +37,7 @@ from .anchor_offset import anchor_offset_position_ids
 from .arguments import LONGSPEC_DEFAULTS, LongSpecTrainingArguments
 from .noisy import sample_noise_offset
 from .sharding import shard_target, target_is_sharded, wants_target_sharding
-from .soft_labels import soft_distill_loss, target_topk
+from .soft_labels import draft_vocab_loss_parts, soft_distill_loss, target_topk
 
 __all__ = ["LongSpecTrainer", "save_trained_draft", "target_greedy_labels", "target_last_layer_kv", "unwrap_draft"]
 
@@ -124,7 +124,8 @@ class LongSpecTrainer(Trainer):
             Batches need `input_ids` (batch, seq) int64 and may carry `labels` (-100 = ignored), `attention_mask`
             (right padding only) and `position_ids` (used as given, e.g. for long documents).
     Raises: ValueError if `target_model` is missing, was partitioned by DeepSpeed's `zero.Init`, or, without
-        bf16/fp16 autocast, has another dtype than the draft; TypeError if `model` is not a draft.
+        bf16/fp16 autocast, has another dtype than the draft, or if `draft_vocab_loss` is on for a draft without a
+        vocabulary of its own; TypeError if `model` is not a draft.
     Reference: LongSpec §3.2; transformers `Trainer`.
     """
 
@@ -140,6 +141,10 @@ class LongSpecTrainer(Trainer):
             logger.warning("LongSpecTrainer: setting remove_unused_columns=False (the collators read raw columns)")
             args.remove_unused_columns = False
         draft = unwrap_draft(model)
+        if getattr(args, "draft_vocab_loss", False) and not draft.config.draft_vocab_size:
+            raise ValueError("draft_vocab_loss=True needs a draft with a vocabulary of its own: "
+                             "draft.set_draft_vocabulary(frequent_tokens(rows, n)) first (or the recipe's "
+                             "draft_vocab_size), or leave draft_vocab_loss off")
         target_model = _freeze_target(target_model, args, draft)
         if draft.target_model is not target_model:
             draft.attach_target(target_model)
@@ -186,8 +191,11 @@ class LongSpecTrainer(Trainer):
             loss_chunk_size=self._option("loss_chunk_size"),
         )
         if top is not None:
-            outputs["loss"] = soft_distill_loss(unwrap_draft(model).lm_logits, outputs.hidden_states, *top, labels,
-                                                noise, self._option("loss_chunk_size"), soft_weight)
+            lm_logits, targets = unwrap_draft(model).lm_logits, (*top, labels)
+            if self._option("draft_vocab_loss"):  # the softmax over the draft's vocabulary + the batch's tokens
+                lm_logits, targets = draft_vocab_loss_parts(unwrap_draft(model), input_ids, *targets)
+            outputs["loss"] = soft_distill_loss(lm_logits, outputs.hidden_states, *targets, noise,
+                                                self._option("loss_chunk_size"), soft_weight)
         loss = outputs.loss  # stays in the graph (zero) when a batch has no supervised token
         if training and not bool((labels[:, 1:] != -100).any()):
             logger.warning_once("LongSpecTrainer: a batch has no supervised tokens (all labels -100); check the data")

@@ -9,7 +9,7 @@ import torch
 from transformers_longspec import LongSpecDraft
 from transformers_longspec.trainers import LongSpecTrainer, LongSpecTrainingArguments, TokenCollator
 from transformers_longspec.trainers.mix import MixSpec, StepCollator, build_mix
-from transformers_longspec.trainers.soft_labels import soft_distill_loss, target_topk
+from transformers_longspec.trainers.soft_labels import soft_distill_loss, target_topk, vocabulary_targets
 
 from tiny_models import make_char_tokenizer, make_target
 
@@ -191,3 +191,47 @@ def test_rows_cache_is_built_once_and_refused_when_stale(tmp_path, fake_site, mo
     monkeypatch.setattr("transformers_longspec.cli.train.load_target", lambda *a: (make_target("qwen2"), tok))
     assert main(["data", "--chat", "--recipe", str(recipe), "--target", "unused", "--device", "cpu"]) == 0
     assert len((tmp_path / "answers.jsonl").read_text().splitlines()) == 3  # the answers train reads, not regenerates
+
+
+def test_draft_vocab_loss_is_the_soft_loss_with_other_columns_masked():
+    """The restricted LM head equals the full one with every column outside the kept ids at -inf; top ids outside
+    leave the soft target, and a hard label outside (or a position whose top-k holds no kept id) is unsupervised."""
+    torch.manual_seed(0)
+    target = make_target("llama")
+    top_logits, top_ids = target_topk(target, torch.randn(2, 7, 32), k=4, chunk=4)
+    labels = torch.randint(3, 99, (2, 7))
+    # some positions keep none of their top-4; token 0 stands in for ids outside the set in the full reference below
+    kept = torch.unique(torch.cat([torch.tensor([0]), top_ids[0, :3].flatten(), labels[1]]))
+    draft_hidden = torch.randn(2, 7, 32)
+    soft_logits, soft_ids, soft_labels = vocabulary_targets(kept, 99, top_logits, top_ids, labels)
+    restricted = soft_distill_loss(lambda h: h @ target.lm_head.weight[kept].T, draft_hidden, soft_logits, soft_ids,
+                                   soft_labels, noise_offset=1, chunk=3, soft_weight=0.5)
+    outside = torch.ones(99, dtype=torch.bool)
+    outside[kept] = False
+
+    def masked_head(h):
+        return (h @ target.lm_head.weight.T).masked_fill(outside, float("-inf"))
+
+    kept_ids = torch.where(outside[top_ids], 0, top_ids)  # full-vocabulary ids; those outside get weight 0 below
+    full_labels = torch.where(soft_labels == -100, -100, labels)
+    full = soft_distill_loss(masked_head, draft_hidden, top_logits.masked_fill(outside[top_ids], float("-inf"))
+                             .masked_fill(outside[top_ids].all(-1, keepdim=True), 0.0), kept_ids, full_labels,
+                             noise_offset=1, chunk=3, soft_weight=0.5)
+    assert torch.isfinite(restricted) and restricted.item() == pytest.approx(full.item(), rel=1e-5)
+    none_kept = outside[top_ids].all(-1)
+    assert none_kept[:, :-1].any() and (soft_labels[:, 1:][none_kept[:, :-1]] == -100).all()
+    assert (soft_labels[outside[labels.clamp(min=0)]] == -100).all()
+
+
+def test_draft_vocab_loss_trains_and_is_refused_without_its_parts(tmp_path):
+    torch.set_num_threads(1)
+    target = make_target("qwen2")
+    draft = LongSpecDraft.from_target(target)
+    with pytest.raises(ValueError, match="needs a draft with a vocabulary of its own"):
+        _train(target, _args(tmp_path, soft_labels_topk=8, draft_vocab_loss=True), draft=draft)
+    with pytest.raises(ValueError, match="set soft_labels_topk"):
+        _args(tmp_path, draft_vocab_loss=True)
+    draft.set_draft_vocabulary(torch.arange(3, 60))
+    before, after, _ = _train(target, _args(tmp_path, soft_labels_topk=8, distill_labels=True, draft_vocab_loss=True),
+                              draft=draft)
+    assert after < before - 0.2, (before, after)
