@@ -61,3 +61,13 @@ def test_user_mistake_is_one_line_and_status_2(case, tmp_path, capsys):
     assert status == 2
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert err.startswith("longspec") and re.search(message, err), err
+
+
+def test_set_values_parse_json_and_python_booleans():
+    """`--set KEY=VALUE`: JSON where it parses, Python's True / False as booleans (the string "False" is truthy)."""
+    from transformers_longspec.cli.train import _parse_sets
+
+    parsed = _parse_sets(["a=1e-4", "b=true", "c=False", "d=True", "e=[1, 2]", "f=cosine", "g=false"])
+    assert parsed == {"a": 1e-4, "b": True, "c": False, "d": True, "e": [1, 2], "f": "cosine", "g": False}
+    with pytest.raises(ValueError, match="--set expects KEY=VALUE"):
+        _parse_sets(["novalue"])

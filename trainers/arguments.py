@@ -37,12 +37,13 @@ class LongSpecTrainingArguments(TrainingArguments):
         soft_labels_weight (`float`): weight w of the soft loss: loss = (1 - w) * hard CE + w * soft CE (1 = soft
             only). The hard labels are the text's or, with `distill_labels`, the target's argmax.
         draft_vocab_loss (`bool`): compute the loss's softmax over the draft's own vocabulary (its
-            `draft_vocab` frequent tokens) plus the tokens of the batch, as `generate` proposes from that vocabulary
-            plus the prompt's tokens, instead of the target's whole vocabulary: the LM head of the loss reads a
+            `draft_vocab` frequent tokens) plus every token of the batch, instead of the target's whole vocabulary
+            (`generate` proposes from the vocabulary plus the prompt's tokens): the LM head of the loss reads a
             fraction of its rows (Qwen2.5: ~37k of 151,936). Target top-k ids outside the set leave the soft target
-            (the rest renormalised); a hard label outside it leaves its position unsupervised. Evaluation losses use
-            the same softmax, so they are not comparable with full-vocabulary ones. Needs `soft_labels_topk` > 0 and
-            a draft with a vocabulary (`config.draft_vocab_size` > 0).
+            (the rest renormalised). A position is unsupervised when its hard label is outside the set (possible
+            with `distill_labels`) or when none of its top-k is in it. Losses, evaluation included, then depend on
+            which rows share a batch and are not comparable with full-vocabulary ones. Needs `soft_labels_topk` > 0
+            and a draft with a vocabulary (`config.draft_vocab_size` > 0).
         loss_chunk_size (`int`): positions per LM-head chunk in the loss (bounds the logits memory: one chunk of
             logits is alive at a time, the backward pass recomputes each).
         target_sharding (`str`): "auto" shards the frozen target over the processes with FSDP2 when the draft

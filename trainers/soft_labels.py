@@ -12,7 +12,8 @@ mixed with the hard cross-entropy as (1 - w) * CE + w * soft (`soft_labels_weigh
 the same LM-head pass that gives the argmax labels (`target_topk`), in chunks; the draft's logits are computed
 chunk by chunk under activation checkpointing, once for both terms, so one chunk of (batch, chunk, vocab) fp32
 logits is alive at a time. With `draft_vocab_loss` q is the softmax over the draft's vocabulary and the batch's
-tokens only (`draft_vocab_loss_parts`, `vocabulary_targets`): the set `generate` proposes from.
+tokens only (`draft_vocab_loss_parts`, `vocabulary_targets`), near the set `generate` proposes from (the vocabulary
+and the prompt's tokens).
 
 Reference: Hinton et al. 2015 (knowledge distillation); DistillSpec (Zhou et al., 2023, speculative drafts
 distilled on the target's distribution); LongSpec (arXiv 2502.17421) §3.2 (the draft's next-token loss).
@@ -143,8 +144,14 @@ def draft_vocab_loss_parts(draft, input_ids: torch.Tensor, top_logits: torch.Ten
         input_ids: (batch, seq) int64, the batch. top_logits, top_ids, labels: as `vocabulary_targets`.
     Returns: (lm_logits: normed states (..., hidden) → fp32 logits over the m kept tokens, (top_logits, top_ids,
         labels) from `vocabulary_targets`), ready for `soft_distill_loss`.
-    Reference: `vocabulary.DraftVocabulary` (the same set at inference).
+    Raises: ValueError if the draft has no vocabulary of its own.
+    Reference: `vocabulary.DraftVocabulary`: at inference the set is the vocabulary plus up to 4,096 of the prompt's
+        tokens; here it is the vocabulary plus every token of the batch (all rows, the supervised ones included), so
+        the loss of a row depends on the rows it is batched with.
     """
+    if not draft.config.draft_vocab_size:
+        raise ValueError("draft_vocab_loss needs a draft with a vocabulary of its own: "
+                         "draft.set_draft_vocabulary(frequent_tokens(rows, n)) first")
     head = draft.shared_lm_head
     kept = torch.unique(torch.cat([draft.draft_vocab.to(input_ids.device), input_ids.flatten()]))
     weight = head.weight[kept]

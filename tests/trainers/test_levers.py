@@ -231,7 +231,14 @@ def test_draft_vocab_loss_trains_and_is_refused_without_its_parts(tmp_path):
         _train(target, _args(tmp_path, soft_labels_topk=8, draft_vocab_loss=True), draft=draft)
     with pytest.raises(ValueError, match="set soft_labels_topk"):
         _args(tmp_path, draft_vocab_loss=True)
-    draft.set_draft_vocabulary(torch.arange(3, 60))
+    # rows of ids 3..39 and a vocabulary of 40..59: the loss's softmax runs over 57 of the 99 ids, and the target's
+    # argmax labels outside them leave their positions unsupervised
+    rows = [{"input_ids": torch.randint(3, 40, (48,), generator=torch.Generator().manual_seed(i))} for i in range(4)]
+    draft.set_draft_vocabulary(torch.arange(40, 60))
+    batch = torch.stack([r["input_ids"] for r in rows])
+    greedy = target_topk(target, target.model(batch).last_hidden_state, k=8)[1][..., 0]
+    kept = torch.unique(torch.cat([draft.draft_vocab, batch.flatten()]))
+    assert 0 < (~torch.isin(greedy, kept)).float().mean() < 0.9  # the restriction bites, and some labels remain
     before, after, _ = _train(target, _args(tmp_path, soft_labels_topk=8, distill_labels=True, draft_vocab_loss=True),
-                              draft=draft)
+                              rows=rows, draft=draft)
     assert after < before - 0.2, (before, after)

@@ -165,7 +165,8 @@ def _check_train_args(args) -> None:
 
 
 def _parse_sets(pairs: list[str]) -> dict:
-    """`KEY=VALUE` strings → dict; values parsed as JSON when possible (numbers, true/false, lists)."""
+    """`KEY=VALUE` strings → dict; values parsed as JSON when possible (numbers, true/false, lists), and Python's
+    True / False too (a string "False" would count as true)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -174,7 +175,7 @@ def _parse_sets(pairs: list[str]) -> dict:
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
-            out[key] = value
+            out[key] = {"True": True, "False": False}.get(value, value)
     return out
 
 
