@@ -72,8 +72,9 @@ def test_each_tree_reads_the_state_that_chose_its_root(static, small_tail, monke
 
 @pytest.mark.parametrize("noise", [1, 3])
 def test_a_step_sees_what_training_sees(family, noise):
-    """`step` at position i with target K/V < i - noise + 1 and the state at i - noise gives the training forward's
-    log-probs at i under noise offset j = noise (a tree node at depth j - 1 sits j positions past the cache)."""
+    """`step_logits` at position i with target K/V < i - noise + 1 and the state at i - noise gives the training
+    forward's log-probs at i under noise offset j = noise (a tree node at depth j - 1 sits j positions past the
+    cache)."""
     target = make_target(family)
     draft = _feature_draft(target, sliding_window=8)
     ids = _prompt(5, 30)
@@ -86,10 +87,11 @@ def test_a_step_sees_what_training_sees(family, noise):
             past_k, past_v = draft.self_kv(ids[:, start:i], positions[:, start:i])
             mask = sliding_window_causal_mask(i - start + 1, 8)[-1:]
             seen = i - noise + 1
-            log_probs, _, _ = draft.step(ids[:, i : i + 1], positions[:, i : i + 1], past_k, past_v, mask,
-                                         keys[:, :, :seen], values[:, :, :seen],
-                                         target_hidden=hidden[:, seen - 1 : seen])
-            torch.testing.assert_close(log_probs[0, 0], torch.log_softmax(logits[0, i], -1), atol=1e-5, rtol=1e-5)
+            step, _, _, _ = draft.step_logits(ids[:, i : i + 1], positions[:, i : i + 1], past_k, past_v, mask,
+                                              keys[:, :, :seen], values[:, :, :seen],
+                                              target_hidden=hidden[:, seen - 1 : seen])
+            torch.testing.assert_close(torch.log_softmax(step[0, 0].float(), -1), torch.log_softmax(logits[0, i], -1),
+                                       atol=1e-5, rtol=1e-5)
 
 
 def test_new_feature_draft_starts_as_a_plain_one_and_round_trips(tmp_path):

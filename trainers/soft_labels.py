@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["draft_vocab_loss_parts", "soft_distill_loss", "target_topk", "vocabulary_targets"]
+__all__ = ["draft_vocab_loss_parts", "require_draft_vocabulary", "soft_distill_loss", "target_topk",
+           "vocabulary_targets"]
 
 
 def target_topk(target, hidden: torch.Tensor, k: int, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,6 +135,15 @@ def vocabulary_targets(kept: torch.Tensor, vocab_size: int, top_logits: torch.Te
     return top_logits, top_slots.clamp(min=0), label_slots.masked_fill(label_slots < 0, -100)
 
 
+def require_draft_vocabulary(draft) -> None:
+    """Raise ValueError unless `draft` has a vocabulary of its own (`config.draft_vocab_size` > 0), which
+    `draft_vocab_loss` needs."""
+    if not draft.config.draft_vocab_size:
+        raise ValueError("draft_vocab_loss=True needs a draft with a vocabulary of its own: "
+                         "draft.set_draft_vocabulary(frequent_tokens(rows, n)) first (or the recipe's "
+                         "draft_vocab_size), or leave draft_vocab_loss off")
+
+
 def draft_vocab_loss_parts(draft, input_ids: torch.Tensor, top_logits: torch.Tensor, top_ids: torch.Tensor,
                            labels: torch.Tensor):
     """`draft_vocab_loss`: an LM head over the draft's frequent tokens and the batch's own tokens (what `generate`
@@ -149,9 +159,7 @@ def draft_vocab_loss_parts(draft, input_ids: torch.Tensor, top_logits: torch.Ten
         tokens; here it is the vocabulary plus every token of the batch (all rows, the supervised ones included), so
         the loss of a row depends on the rows it is batched with.
     """
-    if not draft.config.draft_vocab_size:
-        raise ValueError("draft_vocab_loss needs a draft with a vocabulary of its own: "
-                         "draft.set_draft_vocabulary(frequent_tokens(rows, n)) first")
+    require_draft_vocabulary(draft)
     head = draft.shared_lm_head
     kept = torch.unique(torch.cat([draft.draft_vocab.to(input_ids.device), input_ids.flatten()]))
     weight = head.weight[kept]

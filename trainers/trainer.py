@@ -37,7 +37,7 @@ from .anchor_offset import anchor_offset_position_ids
 from .arguments import LONGSPEC_DEFAULTS, LongSpecTrainingArguments
 from .noisy import sample_noise_offset
 from .sharding import shard_target, target_is_sharded, wants_target_sharding
-from .soft_labels import draft_vocab_loss_parts, soft_distill_loss, target_topk
+from .soft_labels import draft_vocab_loss_parts, require_draft_vocabulary, soft_distill_loss, target_topk
 
 __all__ = ["LongSpecTrainer", "save_trained_draft", "target_greedy_labels", "target_last_layer_kv", "unwrap_draft"]
 
@@ -141,10 +141,8 @@ class LongSpecTrainer(Trainer):
             logger.warning("LongSpecTrainer: setting remove_unused_columns=False (the collators read raw columns)")
             args.remove_unused_columns = False
         draft = unwrap_draft(model)
-        if getattr(args, "draft_vocab_loss", False) and not draft.config.draft_vocab_size:
-            raise ValueError("draft_vocab_loss=True needs a draft with a vocabulary of its own: "
-                             "draft.set_draft_vocabulary(frequent_tokens(rows, n)) first (or the recipe's "
-                             "draft_vocab_size), or leave draft_vocab_loss off")
+        if getattr(args, "draft_vocab_loss", False):
+            require_draft_vocabulary(draft)  # before any model work
         target_model = _freeze_target(target_model, args, draft)
         if draft.target_model is not target_model:
             draft.attach_target(target_model)

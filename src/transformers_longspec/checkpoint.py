@@ -26,7 +26,7 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 _FIX = "re-save the draft with draft.save_pretrained(folder) or download it again"
-_COMPACT_FIX = "write it again with draft.save_compact(path)"
+COMPACT_FIX = "write it again with draft.save_compact(path)"
 
 
 def _local_path(path) -> Path:
@@ -207,7 +207,7 @@ def _raise_for_keys(missing: list, unexpected: list, mismatched: list, where, co
                 for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mismatched))
                 if names]
     if problems:
-        config, fix = ("its stored config", _COMPACT_FIX) if compact else ("its config.json", _FIX)
+        config, fix = ("its stored config", COMPACT_FIX) if compact else ("its config.json", _FIX)
         raise ValueError(
             f"the weights in {os.fspath(where)!r} do not match the draft {config} describes "
             f"({'; '.join(problems)}): a checkpoint of another model or a partial save; {fix}"
@@ -289,7 +289,7 @@ def compact_file_config(path) -> dict | None:
                          "config.json), or a file written by draft.save_compact")
     config = json.loads(metadata["config"])
     if config.get("model_type") != MODEL_TYPE:
-        raise ValueError(f"{path} holds a {config.get('model_type')!r} config, not a LongSpec draft; {_COMPACT_FIX}")
+        raise ValueError(f"{path} holds a {config.get('model_type')!r} config, not a LongSpec draft; {COMPACT_FIX}")
     return config
 
 
@@ -305,7 +305,7 @@ def read_compact_state(path) -> dict[str, torch.Tensor]:
             tensor = f.get_tensor(name)
             if tensor.dtype == torch.int8:
                 if name + _SCALE not in names:
-                    raise ValueError(f"{path}: int8 tensor {name!r} has no scales ({name + _SCALE}); {_COMPACT_FIX}")
+                    raise ValueError(f"{path}: int8 tensor {name!r} has no scales ({name + _SCALE}); {COMPACT_FIX}")
                 tensor = tensor.float() * f.get_tensor(name + _SCALE)[:, None]
             elif tensor.dtype == torch.int32:
                 tensor = tensor.long()

@@ -31,6 +31,7 @@ from transformers.utils import ModelOutput
 
 from .blocks import _HYBRID_TREE_ATTENTION, LongSpecBlock, sliding_window_attention, sliding_window_causal_mask
 from .checkpoint import (
+    COMPACT_FIX,
     check_finite_weights,
     check_loading_info,
     check_saved_draft,
@@ -196,7 +197,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         compare_state_shapes({k: tuple(v.shape) for k, v in state.items()},
                              {k: tuple(v.shape) for k, v in draft.state_dict().items()}, path, compact=True)
         draft.load_state_dict(state)
-        check_finite_weights(draft, path, "write it again with draft.save_compact")
+        check_finite_weights(draft, path, COMPACT_FIX)
         if target_model is not None:
             param = next(target_model.parameters())
             draft.to(device=param.device, dtype=dtype or param.dtype)
@@ -375,22 +376,10 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         cos, sin = self.rotary(hidden, position_ids)
         return self.block.self_attn.project_kv(self.block.input_layernorm(hidden), cos, sin)
 
-    def step(self, input_ids, position_ids, past_keys, past_values, self_mask, target_keys, target_values,
-             target_tail_mask=None, target_hidden=None, vocab=None):
-        """One inference step of the draft over query tokens: `step_logits` normalised to log-probs.
-
-        Args: as `step_logits`.
-        Returns: (log-probs (1, q, vocab or vocab slots) fp32, own keys, own values (1, n_kv_heads, q, head_dim)).
-        Raises: ValueError if `target_hidden` is missing although the config asks for it.
-        """
-        logits, bias, k, v = self.step_logits(input_ids, position_ids, past_keys, past_values, self_mask, target_keys,
-                                              target_values, target_tail_mask, target_hidden, vocab)
-        logits = logits.float() if bias is None else logits.float() + bias
-        return torch.log_softmax(logits, dim=-1), k, v
-
     def step_logits(self, input_ids, position_ids, past_keys, past_values, self_mask, target_keys, target_values,
                     target_tail_mask=None, target_hidden=None, vocab=None):
-        """One inference step of the draft over query tokens, up to the LM head (used to grow the tree).
+        """One inference step of the draft over query tokens, up to the LM head (used to grow the tree; the
+        log-probs are `log_softmax(logits.float() + bias)`, which `kernels.beam_select` computes with the choice).
 
         Args:
             input_ids, position_ids: (1, q) int64 — tokens and their absolute positions.
