@@ -8,7 +8,8 @@
 #                                            # $OUT/lease.tgz (drafts in $OUT/drafts.tgz)
 # Pipeline (every phase logs to ~/lease/out/<phase>/, a failed phase does not stop the next; times on one H200):
 #   profile  (GPU alone, beside data + convert) where a LongSpec step's and a training step's time go, on random
-#            weights of the Qwen shape (kernel_profile.py; train_profile.py unless PROFILE_TRAIN=0)   ~2.5 min
+#            weights of the Qwen shape (kernel_profile.py unless PROFILE_CONTEXTS=none; train_profile.py unless
+#            PROFILE_TRAIN=0)                                                                          ~2.5 min
 #   data     (CPU, beside convert) the corpus scans of both mixed recipes, once per tokenizer (`longspec data`,
 #            rows_cache): code of several languages + prose of the machine's packages and docs, long rows
 #   convert  GGUFs -> ~/qwen15 (bf16) and ~/smollm2 (fp32)                                             ~2 min
@@ -19,6 +20,7 @@
 #            from the committed drafts/qwen2.5-coder-1.5b-instruct.int8.safetensors (INIT_DRAFT: another saved or
 #            compact draft; empty: a new one), then its compact int8 copy, which the tau and bench phases load
 #            and `wait` brings back in parts (commit it over the old one when its tau holds up)          ~9 min
+#            (DRAFT_SET='{"target_feature_layers": [2, 14, 25]}': the continued draft also reads those target layers)
 #   smol     (SMOL=1 only, from the end of data, beside chat, train and tau) SmolLM2 drafts at equal budget, one lever changed each
 #            (SMOL_VARIANTS, SMOL_STEPS steps or SMOL_MIN minutes), their tau in fp32 (tree / chain) beside the
 #            bundled draft's, and the bundled draft's successor (SMOL_FINAL_MIN minutes; SMOL_FINAL=0: neither)
@@ -153,8 +155,8 @@ case "${1:-}" in
     if [ "$DRY" = 1 ]; then echo "dry run: no GPU profile"; exit 0; fi
     pkg /tmp/pkg-profile
     # shellcheck disable=SC2086  # PROFILE_ARGS: more kernel_profile.py arguments, e.g. --intermediate-size 1536
-    python3 benchmarks/kernel_profile.py --contexts "${PROFILE_CONTEXTS:-8192,30000}" ${PROFILE_ARGS:-} \
-      --out "$OUT/kernel_profile.json"
+    [ "${PROFILE_CONTEXTS:-}" = none ] || python3 benchmarks/kernel_profile.py \
+      --contexts "${PROFILE_CONTEXTS:-8192,30000}" ${PROFILE_ARGS:-} --out "$OUT/kernel_profile.json"
     [ "${PROFILE_TRAIN:-1}" = 0 ] || python3 benchmarks/train_profile.py --out "$OUT/train_profile.json" ;;
   chat)  # the Qwen target's chat answers, cached for the train phase (which then generates none)
     pkg /tmp/pkg-chat
@@ -195,7 +197,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]))' "$HOME/draft-qwen15" "
       bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
       bash benchmarks/lease_h200.sh smol-train final &
     fi
-    for v in ${SMOL_VARIANTS:-full nofeature nochat nolong nosoft noinit python}; do
+    for v in ${SMOL_VARIANTS:-full layers nofeature nochat nolong nosoft noinit python}; do
       bash benchmarks/lease_h200.sh smol-train "$v"
     done
     wait ;;
@@ -203,6 +205,8 @@ print("compact draft:", draft.save_compact(sys.argv[2]))' "$HOME/draft-qwen15" "
     draft_set=${SMOL_DRAFT_SET:-'{"target_hidden_input": true}'} mix_set="" extra="" steps=${SMOL_STEPS:-600} minutes=${SMOL_MIN:-2}
     case $2 in
       nofeature) draft_set='{"target_hidden_input": false}' ;;
+      layers) draft_set='{"target_hidden_input": true, "target_feature_layers": [2, 15, 27]}' ;;  # EAGLE-3's low /
+              # middle / high layers of SmolLM2's 30 beside the final state
       noinit) draft_set="${draft_set%\}}, \"init_from_target\": false}" ;;
       nochat) mix_set=', "chat_prompts": 0' ;;
       nolong) mix_set=', "long_rows": 0, "rows_cache": null' ;;  # the shared rows cache holds long rows
@@ -227,7 +231,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]))' "$HOME/draft-qwen15" "
     while [ $SECONDS -lt "$end" ] && ! grep -q DONE "$L/status" 2>/dev/null; do sleep 5; done
     cat "$L/status"; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
     tar czf "$OUT/lease.tgz" -C "$L" out status pipeline.log
-    drafts=$(cd "$HOME" && ls -d draft-smol-final draft-smol-full draft-smol-nofeature 2>/dev/null)
+    drafts=$(cd "$HOME" && ls -d draft-smol-final draft-smol-full draft-smol-layers 2>/dev/null)
     [ -z "$drafts" ] || tar czf "$OUT/drafts.tgz" -C "$HOME" $drafts
     # the Qwen draft's compact file in parts of 15 MiB (files come back at most 16 MiB each): cat the parts
     [ ! -f "$HOME/draft-qwen15.int8.safetensors" ] || \

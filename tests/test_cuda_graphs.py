@@ -41,20 +41,24 @@ def test_graphs_match_plain_greedy_fp32(family, widths, small_tail):
     assert stats.capture_steps >= 1 and stats.capture_s > 0 and stats.draft_s > 0
 
 
+@pytest.mark.parametrize("layers", [None, [0]], ids=["final", "feature_layers"])
 @pytest.mark.parametrize("processor", [False, True], ids=["on_device_acceptance", "host_acceptance"])
-def test_feature_draft_graphs_match_plain_greedy(family, processor, small_tail):
-    """A draft reading the target's hidden state (`target_hidden_input`), with the retrieval branch: the state lives
-    in graph buffers (written by the acceptance graph, or copied after host acceptance with a logits processor)."""
+def test_feature_draft_graphs_match_plain_greedy(family, processor, layers, small_tail):
+    """A draft reading the target's hidden state (`target_hidden_input`; with `target_feature_layers`, a decoder
+    layer's output too), with the retrieval branch: the state lives in graph buffers (written by the acceptance graph,
+    or copied after host acceptance with a logits processor)."""
     target = make_target(family).cuda()
-    draft = LongSpecDraft.from_target(target, target_hidden_input=True).cuda()
+    draft = LongSpecDraft.from_target(target, target_hidden_input=True, target_feature_layers=layers).cuda()
     with torch.no_grad():
         draft.block.hidden_proj.weight.normal_(0.0, 0.5)
+        if layers:
+            draft.block.feature_proj.weight.normal_(0.0, 0.5)
     extra = {"repetition_penalty": 1.2} if processor else {}
     for seed, length in [(2, 300), (0, 5)]:
         ids = _prompt(seed, length).repeat(1, 2)
         plain = target.generate(ids, do_sample=False, max_new_tokens=64, **extra)
         spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=64, **extra, **UNCOMPILED)
-        assert torch.equal(plain, spec), (family, processor, seed)
+        assert torch.equal(plain, spec), (family, processor, layers, seed)
     assert len(draft.__dict__["_static_step"]._graphs) >= 4
 
 

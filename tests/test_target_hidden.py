@@ -15,11 +15,23 @@ from tiny_models import make_target
 
 
 def _feature_draft(target, seed: int = 0, **overrides) -> LongSpecDraft:
-    """A feature draft whose hidden projection is random (zero at init would make the state irrelevant)."""
+    """A feature draft whose hidden (and feature-layer) projections are random (zero at init would make the state
+    irrelevant)."""
     draft = LongSpecDraft.from_target(target, target_hidden_input=True, **overrides)
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        draft.block.hidden_proj.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(seed))
+        draft.block.hidden_proj.weight.normal_(0.0, 0.5, generator=generator)
+        if draft.config.target_feature_layers:
+            draft.block.feature_proj.weight.normal_(0.0, 0.5, generator=generator)
     return draft
+
+
+def _target_states(target, ids, layers=()):
+    """(seq, hidden x (1 + len(layers))): the final normed states of one plain forward, then the layers' outputs,
+    from transformers' own `output_hidden_states` (entry i + 1 is layer i's output, except the last: normed)."""
+    states = target.model(ids, output_hidden_states=True).hidden_states
+    assert all(i < len(states) - 2 for i in layers), "the last layer's raw output is not among hidden_states"
+    return torch.cat([states[-1], *(states[i + 1] for i in layers)], dim=-1)[0]
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
@@ -35,17 +47,33 @@ def test_feature_draft_matches_greedy(family, widths, static, small_tail):
         assert torch.equal(plain, spec), (family, widths, static, seed)
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+@pytest.mark.parametrize("layers", [[0], [0, -1]], ids=str)
+def test_feature_layer_draft_matches_greedy(family, layers, static, small_tail):
+    """A draft that also reads target decoder layers' outputs (`target_feature_layers`, EAGLE-3's fused features)."""
+    target = make_target(family)
+    draft = _feature_draft(target, target_feature_layers=layers)
+    for seed, length in [(2, 300), (0, 5)]:
+        ids = _prompt(seed, length)
+        plain = target.generate(ids, do_sample=False, max_new_tokens=24)
+        spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=24,
+                               longspec_beam_widths=[4, 16, 16, 16, 16], longspec_static_shapes=static)
+        assert torch.equal(plain, spec), (family, layers, static, seed)
+
+
 @pytest.fixture
 def small_tail(monkeypatch):
     monkeypatch.setattr(static_step, "TAIL", 8)
 
 
+@pytest.mark.parametrize("layers", [(), (0,)], ids=["final", "layers"])
 @pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
-def test_each_tree_reads_the_state_that_chose_its_root(static, small_tail, monkeypatch):
-    """Every tree gets the target's final hidden state at root_position - 1 (after the prefill, after rejected and
-    after deep accepted paths alike): compared with one plain forward over the final sequence."""
+def test_each_tree_reads_the_state_that_chose_its_root(static, layers, small_tail, monkeypatch):
+    """Every tree gets the target's final hidden state at root_position - 1 (then the feature layers' outputs there;
+    after the prefill, after rejected and after deep accepted paths alike): compared with one plain forward over the
+    final sequence."""
     target = make_target("llama")
-    draft = _feature_draft(target)
+    draft = _feature_draft(target, target_feature_layers=list(layers) or None)
     ids = _prompt(3, 50)
     continuation = target.generate(ids, do_sample=False, max_new_tokens=40)[0]
     widths = (2, 2, 2)
@@ -64,22 +92,26 @@ def test_each_tree_reads_the_state_that_chose_its_root(static, small_tail, monke
                           longspec_beam_widths=list(widths), longspec_static_shapes=static, longspec_retrieval=0)
     assert torch.equal(out[0], continuation)
     assert max(draft.last_generation_stats.accepted_lengths) == len(widths) + 1  # deep paths were accepted
-    hidden = target.model(out).last_hidden_state[0]
+    hidden = _target_states(target, out, layers)
+    assert hidden.shape[-1] == 32 * (1 + len(layers))
     assert len(seen) == len(draft.last_generation_stats.accepted_lengths)
     for root_position, feature in seen:
         torch.testing.assert_close(feature.view(-1), hidden[root_position - 1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("layers", [None, [0]], ids=["final", "layers"])
 @pytest.mark.parametrize("noise", [1, 3])
-def test_a_step_sees_what_training_sees(family, noise):
+def test_a_step_sees_what_training_sees(family, noise, layers):
     """`step_logits` at position i with target K/V < i - noise + 1 and the state at i - noise gives the training
     forward's log-probs at i under noise offset j = noise (a tree node at depth j - 1 sits j positions past the
     cache)."""
     target = make_target(family)
-    draft = _feature_draft(target, sliding_window=8)
+    draft = _feature_draft(target, sliding_window=8, target_feature_layers=layers)
     ids = _prompt(5, 30)
     positions = torch.arange(30)[None]
-    keys, values, hidden = target_last_layer_kv(target, ids, positions, return_hidden=True)
+    keys, values, hidden = target_last_layer_kv(target, ids, positions, return_hidden=True,
+                                                feature_layers=layers or ())
+    torch.testing.assert_close(hidden[0], _target_states(target, ids, layers or ()))
     with torch.no_grad():
         logits = draft(ids, keys, values, target_hidden=hidden, noise_offset=noise, return_logits=True).logits
         for i in (noise, 12, 29):
@@ -144,3 +176,82 @@ def test_trainer_feeds_the_state_and_the_loss_falls(tmp_path):
     assert before[True] == pytest.approx(before[False], rel=1e-5)  # the same start (zero projection)
     assert after < before[True] - 0.2, (before, after)
     assert draft.block.hidden_proj.weight.abs().max() > 1e-3  # the state reached the loss and trained its projection
+
+
+def test_added_feature_layers_start_silent_then_save_and_load(tmp_path):
+    """`add_target_features` on a trained feature draft: zero projection, so the logits are unchanged; once the
+    projection is trained, both save formats (folder, compact int8 file) bring the layers back."""
+    target = make_target("qwen2")
+    draft = _feature_draft(target, seed=2)
+    ids = _prompt(1, 20)
+    positions = torch.arange(20)[None]
+    keys, values, hidden = target_last_layer_kv(target, ids, positions, return_hidden=True)
+    with torch.no_grad():
+        before = draft(ids, keys, values, target_hidden=hidden, return_logits=True).logits
+        draft.add_target_features([-1])
+        assert draft.config.target_feature_layers == [1] and draft.config.target_feature_size == 64
+        _, _, features = target_last_layer_kv(target, ids, positions, return_hidden=True, feature_layers=[1])
+        torch.testing.assert_close(draft(ids, keys, values, target_hidden=features, return_logits=True).logits, before)
+        draft.block.feature_proj.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(3))
+        after = draft(ids, keys, values, target_hidden=features, return_logits=True).logits
+    assert (after - before).abs().max() > 1e-2  # the layer now has a say
+    draft.save_pretrained(tmp_path / "folder")
+    compact = draft.save_compact(tmp_path / "draft.int8.safetensors")
+    for path in (tmp_path / "folder", compact):
+        loaded = LongSpecDraft.from_pretrained(path, target_model=target, dtype=torch.float32)
+        assert loaded.config.target_feature_layers == [1]
+        with torch.no_grad():
+            got = loaded(ids, keys, values, target_hidden=features, return_logits=True).logits
+        if path == compact:  # int8 rows: the rounding is far smaller than what the feature layer changed
+            assert (got - after).norm() < 0.1 * (after - before).norm()
+        else:
+            torch.testing.assert_close(got, after)
+    with pytest.raises(ValueError, match="already reads target layers"):
+        draft.add_target_features([0])
+    with pytest.raises(ValueError, match="needs a draft with target_hidden_input=True"):
+        LongSpecDraft.from_target(target).add_target_features([0])
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"target_feature_layers": [0]}, "needs target_hidden_input=True"),
+    ({"target_hidden_input": True, "target_feature_layers": [2]}, r"distinct layers of the target's 2 \(0 \.\. 1"),
+    ({"target_hidden_input": True, "target_feature_layers": [1, -1]}, "distinct layers"),
+    ({"target_hidden_input": True, "target_feature_layers": [-3]}, "distinct layers"),
+    ({"target_hidden_input": True, "target_feature_layers": 1}, "a list of target layer indices"),
+    ({"target_hidden_input": True, "target_feature_layers": [0.5]}, "a list of target layer indices"),
+])
+def test_bad_feature_layers_are_refused(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        LongSpecDraft.from_target(make_target("llama"), **overrides)
+
+
+def test_a_step_with_feature_layers_needs_their_states():
+    target = make_target("llama")
+    ids = _prompt(1, 12)
+    keys, values, hidden = target_last_layer_kv(target, ids, torch.arange(12)[None], return_hidden=True)
+    draft = LongSpecDraft.from_target(target, target_hidden_input=True, target_feature_layers=[0])
+    with pytest.raises(ValueError, match=r"hidden x \(1 \+ 1 feature layers\)\) = \(1, 12, 64\).*feature_layers="):
+        draft(ids, keys, values, target_hidden=hidden)
+
+
+def test_trainer_feeds_feature_layers_and_they_learn(tmp_path):
+    """The trainer hands a draft the outputs of its `target_feature_layers` beside the final states: the new
+    projection starts at zero (the same loss as without), trains, and the loss falls."""
+    torch.set_num_threads(1)
+    target = make_target("qwen2")
+    rows = [{"input_ids": torch.randint(3, 99, (64,), generator=torch.Generator().manual_seed(i))} for i in range(8)]
+    losses = {}
+    for layers in (None, [0]):
+        args = LongSpecTrainingArguments(
+            output_dir=str(tmp_path / str(layers)), use_cpu=True, report_to=[], disable_tqdm=True, max_steps=8,
+            per_device_train_batch_size=8, per_device_eval_batch_size=8, learning_rate=1e-2, logging_steps=4,
+            save_strategy="no", seed=0, distill_labels=True, soft_labels_topk=4)
+        draft = LongSpecDraft.from_target(target, target_hidden_input=True, target_feature_layers=layers)
+        trainer = LongSpecTrainer(model=draft, target_model=target, args=args, train_dataset=rows,
+                                  eval_dataset=rows, data_collator=TokenCollator(pad_token_id=0))
+        losses[str(layers)] = [trainer.evaluate()["eval_loss"]]
+        trainer.train()
+        losses[str(layers)].append(trainer.evaluate()["eval_loss"])
+    assert losses["[0]"][0] == pytest.approx(losses["None"][0], rel=1e-5)
+    assert losses["[0]"][1] < losses["[0]"][0] - 0.2, losses
+    assert draft.block.feature_proj.weight.abs().max() > 1e-3  # the layer's output reached the loss

@@ -7,7 +7,8 @@ Each step:
     K, V      = target's last-layer KV cache at `positions` # frozen target, no_grad, decoder only (no LM head)
     labels    = the target's greedy next tokens             # only with distill_labels (self-distillation)
     loss      = draft(input_ids, K, V, position_ids=positions, labels=labels, noise_offset=j,
-                      target_hidden=H).loss                 # H, the final hidden states: target_hidden_input only
+                      target_hidden=H).loss                 # H, the final hidden states (+ target_feature_layers'
+                                                            # outputs): target_hidden_input only
     loss      = (1 - w) * loss + w * soft CE to the target's top-k   # only with soft_labels_topk (soft_labels.py)
 
 Only `compute_loss` and `prediction_step` are overridden; batching, bf16 autocast, gradient accumulation,
@@ -31,6 +32,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 from transformers.utils import logging
 
+from transformers_longspec.compat import layer_outputs
 from transformers_longspec.modeling import LongSpecDraft
 
 from .anchor_offset import anchor_offset_position_ids
@@ -44,7 +46,8 @@ __all__ = ["LongSpecTrainer", "save_trained_draft", "target_greedy_labels", "tar
 logger = logging.get_logger(__name__)
 
 
-def target_last_layer_kv(target, input_ids, position_ids, attention_mask=None, return_hidden: bool = False):
+def target_last_layer_kv(target, input_ids, position_ids, attention_mask=None, return_hidden: bool = False,
+                         feature_layers=()):
     """Run the frozen target's decoder (no LM head) and return its last layer's KV cache.
 
     Args:
@@ -55,19 +58,23 @@ def target_last_layer_kv(target, input_ids, position_ids, attention_mask=None, r
             explicitly: without it transformers reads position-id jumps (anchor-offset!) as packed sequences and
             would hide the attention sinks from the later tokens.
         return_hidden: also return the decoder's final (normed) hidden states (batch, seq, hidden).
+        feature_layers: with `return_hidden`, decoder layers whose outputs follow the final states on the last axis
+            (a draft's `config.target_feature_layers`): hidden is then (batch, seq, hidden x (1 + len)), the
+            draft's `target_hidden` input.
     Returns: (keys, values), each (batch, n_kv_heads, seq, head_dim) in the target's dtype, post-RoPE, no grad;
         (keys, values, hidden) with `return_hidden`.
     Reference: LongSpec §3.2 (the draft is trained on the target's own KV cache); transformers `DynamicCache`.
     """
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    with torch.no_grad():
+    with torch.no_grad(), layer_outputs(target, tuple(feature_layers) if return_hidden else ()) as features:
         out = target.get_decoder()(
             input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True
         )
+        hidden = torch.cat([out.last_hidden_state, *features], dim=-1) if features else out.last_hidden_state
     cache = out.past_key_values if "past_key_values" in out else out["cache"]  # renamed `cache` in transformers 5.24
     layer = cache.layers[-1]
-    return (layer.keys, layer.values, out.last_hidden_state) if return_hidden else (layer.keys, layer.values)
+    return (layer.keys, layer.values, hidden) if return_hidden else (layer.keys, layer.values)
 
 
 def target_greedy_labels(target, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 512) -> torch.Tensor:
@@ -217,14 +224,18 @@ class LongSpecTrainer(Trainer):
 
         One decoder pass; the LM head runs once more only when `distill_labels` or `soft_labels_topk` asks for it
         (with both, the argmax labels are the first of the top-k).
-        Returns: (keys, values, hidden (batch, seq, hidden), labels (batch, seq) int64, (top logits, top ids) each
-            (batch, seq, k) or None).
+        Returns: (keys, values, hidden (batch, seq, the draft's config.target_feature_size): the final states, then
+            the draft's feature layers' outputs; labels (batch, seq) int64, (top logits, top ids) each (batch, seq, k)
+            or None).
         """
         distill, topk = self._option("distill_labels"), self._option("soft_labels_topk")
-        keys, values, hidden = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask,
-                                                    return_hidden=True)
+        config = unwrap_draft(self.model).config
+        keys, values, features = target_last_layer_kv(self.target_model, input_ids, position_ids, attention_mask,
+                                                      return_hidden=True,
+                                                      feature_layers=config.target_feature_layers or ())
+        hidden = features[..., : config.hidden_size]  # the final states: what the target's LM head reads
         if not distill and not topk:
-            return keys, values, hidden, labels, None
+            return keys, values, features, labels, None
         top = target_topk(self.target_model, hidden, topk) if topk else None
         if distill and top is not None:
             greedy = torch.full_like(labels, -100)
@@ -232,7 +243,7 @@ class LongSpecTrainer(Trainer):
             labels = greedy.masked_fill(labels == -100, -100)
         elif distill:
             labels = target_greedy_labels(self.target_model, hidden, labels)
-        return keys, values, hidden, labels, top
+        return keys, values, features, labels, top
 
     def _place_target(self) -> None:
         """Shard the target over the processes (`trainers/sharding.py`) or move a whole copy to `args.device`.

@@ -2,6 +2,7 @@
 
     x = x + self_attn(norm1(x))        sliding-window causal self-attention (ring-buffer cache at inference)
     x = x + hidden_proj(norm_h(h))     the target's final hidden state (only with config.target_hidden_input)
+          + feature_proj([norm_i(h_i)])  the outputs of target layers i (only with config.target_feature_layers)
     x = x + cross_attn(norm2(x))       queries from the draft, keys/values = the TARGET's last-layer K/V
     x = x + mlp(norm3(x))              gated MLP (transformers' LlamaMLP)
 
@@ -9,7 +10,8 @@
 saved weights as remote code, so it imports only torch and transformers (the hybrid tree attention of the package is
 optional).
 
-Reference: LongSpec (arXiv 2502.17421) §3.1; EAGLE (Li et al., 2024) for the hidden-state input; transformers
+Reference: LongSpec (arXiv 2502.17421) §3.1; EAGLE (Li et al., 2024) for the hidden-state input and EAGLE-3 (Li et al.,
+2025) for the fused low / middle / high layer features; transformers
 `modeling_llama.py` for the blocks we reuse.
 """
 
@@ -179,7 +181,8 @@ class LongSpecCrossAttention(nn.Module):
 class LongSpecBlock(GradientCheckpointingLayer):
     """The draft's one decoder block: self-attention → [target hidden state] → cross-attention → gated MLP,
     pre-RMSNorm residuals. The target's hidden state (`config.target_hidden_input`) enters after the self-attention,
-    so the self-attention K/V still depend only on (token, position) and the ring cache needs no features."""
+    so the self-attention K/V still depend only on (token, position) and the ring cache needs no features. With
+    `config.target_feature_layers` the state is (..., hidden x (1 + k)): the final state, then the k layers' outputs."""
 
     def __init__(self, config: LongSpecConfig):
         super().__init__()
@@ -188,17 +191,29 @@ class LongSpecBlock(GradientCheckpointingLayer):
         if config.target_hidden_input:
             self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
             self.hidden_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        if config.target_feature_layers:
+            self.add_feature_layers(config)
         self.post_self_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.cross_attn = LongSpecCrossAttention(config)
         self.post_cross_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
+    def add_feature_layers(self, config: LongSpecConfig) -> None:
+        """Build one RMSNorm per `config.target_feature_layers` entry and their joint projection (zeroed by the
+        model's weight init, or by `LongSpecDraft.add_target_features` for a trained draft)."""
+        size, count = config.hidden_size, len(config.target_feature_layers)
+        self.feature_norms = nn.ModuleList(LlamaRMSNorm(size, eps=config.rms_norm_eps) for _ in range(count))
+        self.feature_proj = nn.Linear(size * count, size, bias=False)
+
     def forward(self, hidden, cos, sin, target_keys, target_values, self_mask=None, past_keys=None,
                 past_values=None, cross_offset=None, cross_tail_mask=None, target_hidden=None):
         attn, k, v = self.self_attn(self.input_layernorm(hidden), cos, sin, past_keys, past_values, self_mask)
         hidden = hidden + attn
-        if target_hidden is not None:  # (batch, q or 1, hidden): broadcast over the queries of one tree level
-            hidden = hidden + self.hidden_proj(self.hidden_norm(target_hidden.to(hidden.dtype)))
+        if target_hidden is not None:  # (batch, q or 1, hidden x (1 + k)): broadcast over one tree level's queries
+            final, *layers = target_hidden.to(hidden.dtype).split(hidden.shape[-1], dim=-1)
+            hidden = hidden + self.hidden_proj(self.hidden_norm(final))
+            if layers:
+                hidden = hidden + self.feature_proj(torch.cat([n(h) for n, h in zip(self.feature_norms, layers)], -1))
         hidden = hidden + self.cross_attn(
             self.post_self_attention_layernorm(hidden), cos, sin, target_keys, target_values, cross_offset,
             cross_tail_mask,

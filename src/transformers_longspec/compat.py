@@ -22,7 +22,8 @@ What we patch or register (idempotently, by `install()`, which `import transform
   compiled graph serve all decoder layers (their `layer_idx` differs) instead of one recompilation per layer.
 * A forward hook on the target's LM head for the first forward of a LongSpec `generate` (public torch API, removed
   on exit): NaN/inf prefill logits raise instead of decoding garbage. A forward pre-hook on it
-  (`final_hidden_states`) keeps the target's final hidden states for drafts that read them.
+  (`final_hidden_states`) keeps the target's final hidden states for drafts that read them, and forward hooks on the
+  decoder layers they name (`layer_outputs`) the outputs of those layers.
 
 Tested against transformers 5.17 (the GPU image) and the newest release `pyproject.toml` admits.
 `uninstall()` restores the originals.
@@ -152,31 +153,70 @@ def _finite_prefill_logits(target):
 
 
 @contextmanager
-def final_hidden_states(target, enabled: bool = True):
-    """Within the block, `seen[0]` is the input of the target's latest LM-head call: its final normed hidden states
-    (batch, positions whose logits were computed, hidden), e.g. (1, 1, hidden) after a prefill with
-    `logits_to_keep=1`, (1, tree_size, hidden) after a verification. `enabled=False` yields an empty list.
+def layer_outputs(target, layers=()):
+    """Within the block, `seen[i]` is the output hidden states (batch, seq, hidden) of target decoder layer
+    `layers[i]` in the latest forward that ran it (before the final norm; nothing is copied). No layers: no hooks.
 
-    A forward pre-hook on the target's output embedding (public torch API), removed on exit; it keeps only calls made
-    by the thread that entered the block (a plain `generate` of another thread on the same target is not seen).
-    Inside a captured CUDA graph the hook runs once, at capture: `seen[0]` is then that graph's own buffer, rewritten
-    by each replay.
+    Forward hooks on `target.get_decoder().layers[i]` (public torch API), removed on exit; only the thread that
+    entered the block is seen. A layer returning a tuple (older transformers) gives its first element.
+    Reference: `torch.nn.Module.register_forward_hook`; transformers `get_decoder`; EAGLE-3 (Li et al., 2025) §3.
+    """
+    seen: list[torch.Tensor | None] = [None] * len(layers)
+    decoder_layers = target.get_decoder().layers if layers else ()
+    handles = []
+
+    def keeper(slot: int):
+        @_calling_thread_only
+        def keep(module, args, output):
+            seen[slot] = output[0] if isinstance(output, tuple) else output
+
+        return keep
+
+    try:
+        for slot, index in enumerate(layers):
+            handles.append(decoder_layers[index].register_forward_hook(keeper(slot)))
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def final_hidden_states(target, enabled: bool = True, layers=()):
+    """Within the block, `seen[0]` is what a draft reading the target's state gets from the target's latest LM-head
+    call: its final normed hidden states (batch, positions whose logits were computed, hidden), e.g. (1, 1, hidden)
+    after a prefill with `logits_to_keep=1`, (1, tree_size, hidden) after a verification; with `layers` (the draft's
+    `config.target_feature_layers`) the outputs of those decoder layers at the same (last) positions follow on the
+    last axis: (batch, positions, hidden x (1 + len(layers))), and an LM-head call with no target forward since the
+    last one kept (the draft shares the head) is not kept. `enabled=False` yields an empty list.
+
+    A forward pre-hook on the target's output embedding (public torch API) and `layer_outputs`' hooks, removed on
+    exit; they keep only calls made by the thread that entered the block (a plain `generate` of another thread on the
+    same target is not seen). Inside a captured CUDA graph the hook runs once, at capture: `seen[0]` is then that
+    graph's own buffer, rewritten by each replay.
     Reference: `torch.nn.Module.register_forward_pre_hook`; transformers `get_output_embeddings`.
     """
     seen: list[torch.Tensor] = []
     if not enabled:
         yield seen
         return
+    with layer_outputs(target, layers) as outputs:
 
-    @_calling_thread_only
-    def keep(module, args):
-        seen[:] = [args[0]]
+        @_calling_thread_only
+        def keep(module, args):
+            final = args[0]
+            if outputs:  # the LM head reads the last positions of the decoder's output (`logits_to_keep`)
+                if any(h is None for h in outputs):  # no target forward since the last one kept (the draft's head)
+                    return
+                final = torch.cat([final, *(h[:, h.shape[1] - final.shape[1] :] for h in outputs)], dim=-1)
+                outputs[:] = [None] * len(outputs)
+            seen[:] = [final]
 
-    handle = target.get_output_embeddings().register_forward_pre_hook(keep)
-    try:
-        yield seen
-    finally:
-        handle.remove()
+        handle = target.get_output_embeddings().register_forward_pre_hook(keep)
+        try:
+            yield seen
+        finally:
+            handle.remove()
 
 
 def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,

@@ -102,6 +102,12 @@ class LongSpecConfig(PreTrainedConfig):
             the residual stream after the self-attention (zero-initialised: a new draft starts as one without it).
             Constant memory: one vector per step. The feature-level input of EAGLE (Li et al., 2024); False = the
             LongSpec draft as published.
+        target_feature_layers (`list[int]`, optional): with `target_hidden_input`, also feed the outputs of these
+            target decoder layers at the same token (0-based; negative counts from the last layer), e.g. a low, a
+            middle and a high layer `[2, L // 2, L - 3]` as EAGLE-3 fuses them (Li et al., 2025): one RMSNorm per
+            layer, concatenated, one (k x hidden) x hidden projection added with the final state's (zero-initialised,
+            so a draft without them continues unchanged, `LongSpecDraft.add_target_features`). Constant memory:
+            k + 1 vectors per step. None (default) = the final state only.
         draft_vocab_size (`int`): tokens of the draft's own vocabulary, the most frequent in its training data (the
             `draft_vocab` buffer saved with the weights); each call adds the prompt's own tokens to them
             (`vocabulary.py`). The draft proposes only these, so its LM head reads a fraction of the target's rows
@@ -136,6 +142,7 @@ class LongSpecConfig(PreTrainedConfig):
     sliding_window: int = 512
     beam_widths: list[int] | None = None
     target_hidden_input: bool = False
+    target_feature_layers: list[int] | None = None
     draft_vocab_size: int = 0
     initializer_range: float = 0.02
     target_model_type: str | None = None
@@ -164,12 +171,39 @@ class LongSpecConfig(PreTrainedConfig):
         if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < self.vocab_size:
             raise ValueError(f"draft_vocab_size must be an int in [0, vocab_size={self.vocab_size}) (0 = the whole "
                              f"vocabulary), got {size!r}")
+        self.target_feature_layers = self._checked_feature_layers(self.target_feature_layers)
         window = self.sliding_window
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(
                 f"sliding_window must be a positive number of tokens (default 512), got {self.sliding_window!r}"
             )
         super().__post_init__(**kwargs)
+
+    def _checked_feature_layers(self, layers) -> list[int] | None:
+        """`target_feature_layers` as distinct non-negative layer indices (negative ones count from the target's last
+        layer), or None; ValueError naming the fix otherwise."""
+        if layers is None or (isinstance(layers, (list, tuple)) and not layers):
+            return None
+        if not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in layers):
+            raise ValueError(f"target_feature_layers must be a list of target layer indices (ints), e.g. [2, 14, 25], "
+                             f"got {layers!r}")
+        if not self.target_hidden_input:
+            raise ValueError("target_feature_layers needs target_hidden_input=True (the layers' outputs join the "
+                             "target's final hidden state); set both")
+        count = self.target_num_hidden_layers
+        if count is None and any(i < 0 for i in layers):
+            raise ValueError(f"negative target_feature_layers {list(layers)} need target_num_hidden_layers; build the "
+                             "config with LongSpecConfig.from_target_config or give non-negative indices")
+        resolved = [i + count if i < 0 else i for i in layers]
+        if len(set(resolved)) != len(resolved) or min(resolved) < 0 or (count is not None and max(resolved) >= count):
+            raise ValueError(f"target_feature_layers must be distinct layers of the target's {count} "
+                             f"(0 .. {count - 1 if count else 'L - 1'}, or negative from the end), got {list(layers)}")
+        return resolved
+
+    @property
+    def target_feature_size(self) -> int:
+        """Width of the target state the draft reads per token: hidden_size x (1 + len(target_feature_layers))."""
+        return self.hidden_size * (1 + len(self.target_feature_layers or ()))
 
     @classmethod
     def from_target_config(cls, target_config, **overrides) -> LongSpecConfig:

@@ -140,10 +140,11 @@ class LongSpecCandidateGenerator(CandidateGenerator):
                                    param.dtype, param.device)
         self._ring_end = 0  # every position < _ring_end that fits the window is in the ring
         self.reads_feature = draft.config.target_hidden_input  # the draft reads the target's hidden state
-        self.feature = None  # (1, 1, hidden): the target's state at the last committed token
+        self.feature_layers = tuple(draft.config.target_feature_layers or ())  # and these layers' outputs
+        self.feature = None  # (1, 1, config.target_feature_size): the target's state at the last committed token
 
     def set_feature(self, hidden: torch.Tensor) -> None:
-        """Keep the target's final hidden state (hidden,) at the last committed token for the next tree."""
+        """Keep the target's state (config.target_feature_size,) at the last committed token for the next tree."""
         if self.reads_feature:
             self.feature = hidden.reshape(1, 1, -1)
 
@@ -352,7 +353,7 @@ def longspec_tree_decode(
 def _prefill(target, drafter, input_ids: torch.Tensor, cache: LongSpecCache) -> torch.Tensor:
     """The target's forward over the prompt (1, prompt_len) into `cache`; returns the fp32 logits (1, vocab) of the
     last position and hands the hidden state there to a draft that reads it (`set_feature`)."""
-    with compat.final_hidden_states(target, drafter.reads_feature) as seen:
+    with compat.final_hidden_states(target, drafter.reads_feature, drafter.feature_layers) as seen:
         logits = target(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
     if seen:
         drafter.set_feature(seen[0][0, -1])
@@ -365,7 +366,7 @@ def _host_step(target, drafter, cache: LongSpecCache, sequences: torch.Tensor, c
     of the accepted path, and the target's hidden state after its last node for the next tree (feature drafts).
     Returns: (acceptance, fp32 logits and processed scores (tree_size, vocab), the step's clock)."""
     engine = isinstance(drafter, StaticTreeStep)
-    with compat.final_hidden_states(target, drafter.reads_feature and not engine) as seen:
+    with compat.final_hidden_states(target, drafter.reads_feature and not engine, drafter.feature_layers) as seen:
         tree, logits, clock, tree_start = _draft_and_verify(target, drafter, cache, sequences, committed)
     scores = process_tree_logits(logits, tree, sequences, logits_processor)
     accepted = accept(tree, choose_next_tokens(scores, do_sample))

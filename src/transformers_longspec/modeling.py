@@ -85,8 +85,9 @@ class LongSpecPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if module is getattr(getattr(self, "block", None), "hidden_proj", None):
-            init.zeros_(module.weight)  # the target's hidden state starts with no say: a plain LongSpec draft
+        block = getattr(self, "block", None)
+        if module is getattr(block, "hidden_proj", None) or module is getattr(block, "feature_proj", None):
+            init.zeros_(module.weight)  # the target's hidden states start with no say: a plain LongSpec draft
 
 
 class LongSpecDraft(LongSpecPreTrainedModel):
@@ -278,6 +279,36 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return self._require_target().lm_head
 
     @torch.no_grad()
+    def add_target_features(self, layers) -> None:
+        """Let a draft that reads the target's final hidden state also read the outputs of target decoder `layers`
+        (`LongSpecConfig.target_feature_layers`), e.g. to continue training a trained draft with them. The new
+        projection starts at zero, so the draft's proposals are unchanged until it is trained.
+
+        Args:
+            layers: list of int, target layer indices (negative: from the last layer).
+        Raises: ValueError if the draft does not read the target's hidden state (`target_hidden_input`), already
+            reads feature layers, or `layers` are not distinct layers of the target.
+        Reference: EAGLE-3 (Li et al., 2025) §3, the fused low / middle / high features.
+        """
+        config = self.config
+        if not config.target_hidden_input:
+            raise ValueError("add_target_features needs a draft with target_hidden_input=True (the layers join the "
+                             "target's final hidden state); build one with LongSpecDraft.from_target(target, "
+                             "target_hidden_input=True, target_feature_layers=...)")
+        if config.target_feature_layers:
+            raise ValueError(f"this draft already reads target layers {config.target_feature_layers}; build a new "
+                             "draft to read others")
+        config.target_feature_layers = config._checked_feature_layers(layers)
+        if config.target_feature_layers is None:
+            return
+        weight = self.block.hidden_proj.weight
+        self.block.add_feature_layers(config)
+        self.block.feature_norms.to(device=weight.device, dtype=weight.dtype)
+        self.block.feature_proj.to(device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            self.block.feature_proj.weight.zero_()
+        self.__dict__.pop("_static_step", None)  # an engine with buffers for the old feature width
+
     def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Give the draft its own vocabulary: it proposes only `token_ids` (n,) int64 (e.g.
         `vocabulary.frequent_tokens` of its training rows) plus each call's prompt tokens; `config.draft_vocab_size`
@@ -388,8 +419,9 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             target_keys, target_values: (1, n_kv_heads, committed, head_dim) — the target's last-layer cache.
             target_tail_mask: optional (m,) bool — the target K/V end with an m-row block of which only these rows
                 are committed (static-shape decoding, `static_step.py`); None means all rows are committed.
-            target_hidden: (1, 1, hidden) — the target's final hidden state at the last committed token; required
-                iff `config.target_hidden_input`.
+            target_hidden: (1, 1, config.target_feature_size) — the target's final hidden state at the last
+                committed token (then its `config.target_feature_layers` outputs there); required iff
+                `config.target_hidden_input`.
             vocab: a `vocabulary.DraftVocabulary`: logits over its slots only (None: the whole vocabulary).
         Returns: (logits (1, q, vocab or vocab slots) in the LM head's dtype; bias (vocab slots,) fp32 to add before
             the softmax (`vocab.bias`: -inf on padding slots) or None; own keys, own values (1, n_kv_heads, q,
@@ -427,7 +459,8 @@ class LongSpecDraft(LongSpecPreTrainedModel):
                 the same tokens at the same `position_ids` (post-RoPE).
             position_ids: (batch, seq) int64, default `arange(seq)`; anchor-offset indices go here.
             labels: (batch, seq) int64 aligned with `input_ids` (shifted inside, -100 = ignored), optional.
-            target_hidden: (batch, seq, hidden) — the target's final (normed) hidden states for the same tokens;
+            target_hidden: (batch, seq, config.target_feature_size) — the target's final (normed) hidden states for
+                the same tokens, then its `config.target_feature_layers` outputs (`trainers.target_last_layer_kv`);
                 required iff `config.target_hidden_input`. Position i reads the state at i - j, the last one the
                 target has verified at inference.
             noise_offset: j >= 1: position i sees target K/V <= i - j (flash noisy training, LongSpec Alg. 2);
@@ -449,7 +482,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             )
         if noise_offset < 1:
             raise ValueError(f"noise_offset must be >= 1 (1 = no noise), got {noise_offset}")
-        self._check_target_hidden(target_hidden, (batch, seq, self.config.hidden_size))
+        self._check_target_hidden(target_hidden, (batch, seq, self.config.target_feature_size))
         if target_hidden is not None:  # position i gets the state at i - j (zeros before: those get no loss)
             target_hidden = F.pad(target_hidden[:, : max(seq - noise_offset, 0)], (0, 0, min(noise_offset, seq), 0))
         if position_ids is None:
@@ -479,7 +512,11 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             raise ValueError("target_hidden given to a draft built without target_hidden_input; build it with "
                              "LongSpecDraft.from_target(target, target_hidden_input=True) or drop target_hidden")
         if wanted and shape is not None and tuple(target_hidden.shape) != shape:
-            raise ValueError(f"target_hidden must be (batch, seq, hidden) = {shape}, got {tuple(target_hidden.shape)}")
+            layers = self.config.target_feature_layers
+            what = f"hidden x (1 + {len(layers)} feature layers)" if layers else "hidden"
+            raise ValueError(f"target_hidden must be (batch, seq, {what}) = {shape}, got {tuple(target_hidden.shape)}"
+                             + ("; the trainer's target_last_layer_kv(..., feature_layers=draft.config."
+                                "target_feature_layers) gives it" if layers else ""))
 
     def _chunked_loss(self, hidden, labels, chunk: int) -> torch.Tensor:
         """Mean CE over labels != -100, computing the LM head `chunk` positions at a time.

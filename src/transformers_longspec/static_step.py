@@ -106,10 +106,12 @@ class StaticTreeStep:
         c = draft.config
         self.ring = DraftRingCache(c.sliding_window, 1 + sum(beam_widths), c.num_key_value_heads, c.head_dim,
                                    param.dtype, device)
-        # the target's final hidden state at the last committed token, read by drafts with target_hidden_input
+        # the target's final hidden state at the last committed token (then its target_feature_layers' outputs
+        # there), read by drafts with target_hidden_input
         self.reads_feature = c.target_hidden_input
-        self.feature = (torch.zeros(1, 1, c.hidden_size, dtype=param.dtype, device=device) if self.reads_feature
-                        else None)
+        self.feature_layers = tuple(c.target_feature_layers or ())
+        self.feature = (torch.zeros(1, 1, c.target_feature_size, dtype=param.dtype, device=device)
+                        if self.reads_feature else None)
         self.tokens = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self.committed = torch.zeros((), dtype=torch.long, device=device)
         self._path_slots = torch.arange(max(self.depth, retrieval_tokens) + 1, device=device)  # root + deepest path
@@ -118,7 +120,7 @@ class StaticTreeStep:
                                          pin_memory=device.type == "cuda") for _ in range(2)]
         self._tail = torch.arange(TAIL, device=device)
         self._graphs: OrderedDict[tuple[int, bool], tuple] = OrderedDict()
-        self.hidden: torch.Tensor | None = None  # (tree_size, hidden) of the latest verification (feature drafts)
+        self.hidden: torch.Tensor | None = None  # (tree_size, feature size) of the latest verification (feature drafts)
         self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self._stream = torch.cuda.Stream(device) if cuda_graphs else None
         self.compile = compile
@@ -337,7 +339,7 @@ class StaticTreeStep:
         mask = torch.cat([(self._tail < c - bucket).expand(self.tree_size, -1), tree.ancestors], dim=1)
         self.cache.set_length(bucket + TAIL)
         target = self.target_ref()
-        with compat.final_hidden_states(target, self.reads_feature) as seen:
+        with compat.final_hidden_states(target, self.reads_feature, self.feature_layers) as seen:
             out = target(
                 input_ids=tree.tokens[None],
                 position_ids=(c + tree.depths)[None],
@@ -350,8 +352,8 @@ class StaticTreeStep:
         return out.logits[0]
 
     def set_feature(self, hidden: torch.Tensor) -> None:
-        """Store the target's hidden state (hidden,) at the last committed token for the next tree (no-op for a
-        draft without `target_hidden_input`)."""
+        """Store the target's state (config.target_feature_size,) at the last committed token for the next tree
+        (no-op for a draft without `target_hidden_input`)."""
         if self.feature is not None:
             self.feature.copy_(hidden.view_as(self.feature))
 

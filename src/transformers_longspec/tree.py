@@ -97,8 +97,9 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
         target_keys, target_values: (1, n_kv_heads, kv, head_dim), the target's last-layer cache: kv = root_position
             committed rows, or with `target_tail_mask` (m,) bool, rows whose last m are seen only where it is True.
         beam_widths: tuple of positive ints.
-        target_hidden: (1, 1, hidden), the target's final hidden state at position root_position - 1 (the one that
-            chose the root), read by every level of a draft with `config.target_hidden_input`; else None.
+        target_hidden: (1, 1, config.target_feature_size), the target's final hidden state at position
+            root_position - 1 (the one that chose the root; then its feature layers' outputs there), read by every
+            level of a draft with `config.target_hidden_input`; else None.
         vocab: a `vocabulary.DraftVocabulary` the draft proposes from (None: the whole vocabulary).
     Returns: `DraftTree` on the draft's device.
     Reference: LongSpec §3.3.

@@ -113,7 +113,8 @@ def measure_costs(target, draft, candidates) -> TreeCosts:
     c = draft.config
     param = next(draft.parameters())
     keys = torch.zeros(1, c.num_key_value_heads, 16, c.head_dim, dtype=param.dtype, device=device)
-    feature = torch.zeros(1, 1, c.hidden_size, dtype=param.dtype, device=device) if c.target_hidden_input else None
+    feature = (torch.zeros(1, 1, c.target_feature_size, dtype=param.dtype, device=device) if c.target_hidden_input
+               else None)
     rings = {w: DraftRingCache(c.sliding_window, 1 + sum(w), c.num_key_value_heads, c.head_dim, param.dtype, device)
              for w in candidates if w}
     work = {("verify", t): (lambda t=t: forward(t)) for t in _VERIFY_POINTS}

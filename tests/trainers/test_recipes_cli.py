@@ -140,6 +140,29 @@ def test_cli_trains_continues_and_lora_adapts(tmp_path):
     assert torch.equal(target.generate(ids, assistant_model=merged, do_sample=False, max_new_tokens=8), plain)
 
 
+@pytest.mark.filterwarnings("ignore:recipe data. packages")
+def test_cli_continues_a_feature_draft_with_the_recipes_feature_layers(tmp_path):
+    """`--draft` + a recipe whose draft section names `target_feature_layers` the draft lacks: the layers are added
+    (zero projection, `add_target_features`), trained, saved; other layers than the draft's are refused."""
+    target = make_target("llama")
+    target.save_pretrained(tmp_path / "target")
+    make_char_tokenizer().save_pretrained(tmp_path / "target")
+    LongSpecDraft.from_target(target, target_hidden_input=True, sliding_window=16).save_pretrained(tmp_path / "d0")
+    recipe = tmp_path / "layers.json"
+    recipe.write_text(json.dumps({**TINY_RECIPE, "draft": {"target_hidden_input": True, "target_feature_layers": [0]}}))
+    common = ["--target", str(tmp_path / "target"), "--recipe", str(recipe), "--device", "cpu", "--set-data",
+              "eval_sequences=0"]
+    _run([*common, "--output", str(tmp_path / "d1"), "--draft", str(tmp_path / "d0")])
+    draft = LongSpecDraft.from_pretrained(tmp_path / "d1", target_model=target)
+    assert draft.config.target_feature_layers == [0] and draft.block.feature_proj.weight.any()
+    ids = torch.randint(3, 99, (1, 12), generator=torch.Generator().manual_seed(0))
+    plain = target.generate(ids, do_sample=False, max_new_tokens=8)
+    assert torch.equal(target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=8), plain)
+    recipe.write_text(json.dumps({**TINY_RECIPE, "draft": {"target_hidden_input": True, "target_feature_layers": [1]}}))
+    with pytest.raises(ValueError, match=r"--draft reads target layers \[0\], the recipe asks for \[1\]"):
+        _run([*common, "--output", str(tmp_path / "d2"), "--draft", str(tmp_path / "d1")])
+
+
 def test_cli_user_errors(tmp_path):
     with pytest.raises(ValueError, match="--lora adapts a trained draft"):
         target = make_target("llama")

@@ -213,12 +213,20 @@ def _training_overrides(args, recipe) -> tuple[dict, str, bool]:
 
 
 def _build_model(args, recipe, target):
-    """The model to train: a new draft, a continued draft, or a LoRA-wrapped draft (fp32 weights)."""
+    """The model to train: a new draft, a continued draft (given the recipe's `target_feature_layers` when it has
+    none: `LongSpecDraft.add_target_features`), or a LoRA-wrapped draft (fp32 weights)."""
     from transformers_longspec.modeling import LongSpecDraft
     from transformers_longspec.trainers import add_lora_to_draft
 
     if args.draft:  # checked in _check_train_args before anything loaded
         draft = LongSpecDraft.from_pretrained(args.draft, target_model=target, dtype=torch.float32)
+        layers = recipe.draft.get("target_feature_layers")
+        if layers and not draft.config.target_feature_layers:  # a recipe that adds feature layers to a trained draft
+            draft.add_target_features(layers)
+        elif layers and draft.config.target_feature_layers != draft.config._checked_feature_layers(layers):
+            raise ValueError(f"--draft reads target layers {draft.config.target_feature_layers}, the recipe asks for "
+                             f"{layers}; drop target_feature_layers from the recipe's draft section or train a new "
+                             "draft (no --draft)")
     else:  # a draft vocabulary is set from the data once it is built (`_set_draft_vocabulary`)
         draft = LongSpecDraft.from_target(target, **{k: v for k, v in recipe.draft.items() if k != "draft_vocab_size"})
     draft = draft.to(device=next(target.parameters()).device, dtype=torch.float32)
