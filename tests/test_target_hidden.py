@@ -124,6 +124,13 @@ def test_a_step_sees_what_training_sees(family, noise, layers):
                                               target_hidden=hidden[:, seen - 1 : seen])
             torch.testing.assert_close(torch.log_softmax(step[0, 0].float(), -1), torch.log_softmax(logits[0, i], -1),
                                        atol=1e-5, rtol=1e-5)
+            feature = draft.target_feature(hidden[:, seen - 1 : seen])  # once per tree in grow_tree: the same logits
+            once, _, _, _ = draft.step_logits(ids[:, i : i + 1], positions[:, i : i + 1], past_k, past_v, mask,
+                                              keys[:, :, :seen], values[:, :, :seen], target_feature=feature)
+            assert torch.equal(once, step)
+        with pytest.raises(ValueError, match="not beside it"):
+            draft.step_logits(ids[:, :1], positions[:, :1], past_k, past_v, mask, keys, values,
+                              target_hidden=hidden[:, :1], target_feature=feature)
 
 
 def test_new_feature_draft_starts_as_a_plain_one_and_round_trips(tmp_path):

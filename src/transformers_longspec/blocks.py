@@ -205,15 +205,23 @@ class LongSpecBlock(GradientCheckpointingLayer):
         self.feature_norms = nn.ModuleList(LlamaRMSNorm(size, eps=config.rms_norm_eps) for _ in range(count))
         self.feature_proj = nn.Linear(size * count, size, bias=False)
 
+    def feature_term(self, target_hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """What the target's state adds to the residual stream: (batch, q, hidden x (1 + k)) in any dtype, cast to
+        `dtype` (the stream's) → (batch, q, hidden). The same for every level of one tree, so a tree computes it once."""
+        final, *layers = target_hidden.to(dtype).split(self.hidden_proj.weight.shape[0], dim=-1)
+        term = self.hidden_proj(self.hidden_norm(final))
+        if layers:
+            term = term + self.feature_proj(torch.cat([n(h) for n, h in zip(self.feature_norms, layers)], -1))
+        return term
+
     def forward(self, hidden, cos, sin, target_keys, target_values, self_mask=None, past_keys=None,
-                past_values=None, cross_offset=None, cross_tail_mask=None, target_hidden=None):
+                past_values=None, cross_offset=None, cross_tail_mask=None, target_hidden=None, feature=None):
         attn, k, v = self.self_attn(self.input_layernorm(hidden), cos, sin, past_keys, past_values, self_mask)
         hidden = hidden + attn
         if target_hidden is not None:  # (batch, q or 1, hidden x (1 + k)): broadcast over one tree level's queries
-            final, *layers = target_hidden.to(hidden.dtype).split(hidden.shape[-1], dim=-1)
-            hidden = hidden + self.hidden_proj(self.hidden_norm(final))
-            if layers:
-                hidden = hidden + self.feature_proj(torch.cat([n(h) for n, h in zip(self.feature_norms, layers)], -1))
+            feature = self.feature_term(target_hidden, hidden.dtype)
+        if feature is not None:  # (batch, q or 1, hidden): the term itself, computed once per tree
+            hidden = hidden + feature
         hidden = hidden + self.cross_attn(
             self.post_self_attention_layernorm(hidden), cos, sin, target_keys, target_values, cross_offset,
             cross_tail_mask,

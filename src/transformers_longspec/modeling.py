@@ -407,8 +407,19 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         cos, sin = self.rotary(hidden, position_ids)
         return self.block.self_attn.project_kv(self.block.input_layernorm(hidden), cos, sin)
 
+    def target_feature(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """The draft's additive term for the target's state, to pass as `step_logits(target_feature=...)`: every level
+        of one tree reads the same state, so `grow_tree` computes it once per tree instead of once per level.
+
+        Args: target_hidden: (1, 1, config.target_feature_size), as `step_logits` takes it.
+        Returns: (1, 1, hidden) in the target embedding's dtype.
+        Raises: ValueError if the draft does not read the target's state (`config.target_hidden_input`).
+        """
+        self._check_target_hidden(target_hidden)
+        return self.block.feature_term(target_hidden, self._require_target().embed_tokens.weight.dtype)
+
     def step_logits(self, input_ids, position_ids, past_keys, past_values, self_mask, target_keys, target_values,
-                    target_tail_mask=None, target_hidden=None, vocab=None):
+                    target_tail_mask=None, target_hidden=None, vocab=None, target_feature=None):
         """One inference step of the draft over query tokens, up to the LM head (used to grow the tree; the
         log-probs are `log_softmax(logits.float() + bias)`, which `kernels.beam_select` computes with the choice).
 
@@ -423,16 +434,24 @@ class LongSpecDraft(LongSpecPreTrainedModel):
                 committed token (then its `config.target_feature_layers` outputs there); required iff
                 `config.target_hidden_input`.
             vocab: a `vocabulary.DraftVocabulary`: logits over its slots only (None: the whole vocabulary).
+            target_feature: (1, 1, hidden), `target_feature(target_hidden)` computed once per tree, given instead of
+                `target_hidden` (the same logits).
         Returns: (logits (1, q, vocab or vocab slots) in the LM head's dtype; bias (vocab slots,) fp32 to add before
             the softmax (`vocab.bias`: -inf on padding slots) or None; own keys, own values (1, n_kv_heads, q,
             head_dim)).
-        Raises: ValueError if `target_hidden` is missing although the config asks for it.
+        Raises: ValueError if `target_hidden` (or `target_feature`) is missing although the config asks for it, or
+            both are given.
         """
-        self._check_target_hidden(target_hidden)
+        if target_feature is None:
+            self._check_target_hidden(target_hidden)
+        elif target_hidden is not None or not self.config.target_hidden_input:
+            raise ValueError("target_feature is draft.target_feature(target_hidden) of a draft with target_hidden_input;"
+                             " pass it instead of target_hidden, not beside it")
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
         hidden, k, v = self.block(hidden, cos, sin, target_keys, target_values, self_mask, past_keys, past_values,
-                                  cross_tail_mask=target_tail_mask, target_hidden=target_hidden)
+                                  cross_tail_mask=target_tail_mask, target_hidden=target_hidden,
+                                  feature=target_feature)
         hidden = self.norm(hidden)
         if vocab is None:
             head = self._require_target().lm_head

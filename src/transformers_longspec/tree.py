@@ -114,10 +114,12 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
     scores = torch.zeros(size, dtype=torch.float32, device=device)
     ancestors = torch.eye(size, dtype=torch.bool, device=device)
     tokens[0] = root[0]
+    # every level reads the same target state: its term in the residual stream is computed once per tree
+    feature = None if target_hidden is None else draft.target_feature(target_hidden)
     for d in range(len(beam_widths)):
         start, end = ranges[d]
         logits, bias = _draft_level(draft, ring, tokens, ancestors, start, end, root_position + d,
-                                    target_keys, target_values, target_tail_mask, target_hidden, vocab)
+                                    target_keys, target_values, target_tail_mask, feature, vocab)
         # the best `width` children of all parents by cumulative log-prob (the Triton kernels on CUDA)
         best, rows, columns = beam_select(logits, scores[start:end], beam_widths[d], bias)
         new_start, new_end = ranges[d + 1]
@@ -135,9 +137,10 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
 
 
 def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_keys, target_values, tail_mask,
-                 target_hidden, vocab):
-    """Run the draft on tree nodes [start, end) (all at `position`); store their K/V; return their logits (n, vocab
-    or vocab slots) in the LM head's dtype and the bias to add (None without a draft vocabulary)."""
+                 feature, vocab):
+    """Run the draft on tree nodes [start, end) (all at `position`; `feature`: `draft.target_feature` of the
+    tree's target state, or None); store their K/V; return their logits (n, vocab or vocab slots) in the LM head's
+    dtype and the bias to add (None without a draft vocabulary)."""
     n = end - start
     device = tokens.device
     position = torch.as_tensor(position, device=device)
@@ -149,7 +152,7 @@ def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_ke
     past_v = torch.cat([ring.ring_values, ring.tree_values[:, :, :start]], dim=2)
     positions = position.expand(1, n)
     logits, bias, k, v = draft.step_logits(tokens[None, start:end], positions, past_k, past_v, mask, target_keys,
-                                           target_values, tail_mask, target_hidden, vocab)
+                                           target_values, tail_mask, vocab=vocab, target_feature=feature)
     ring.tree_keys[:, :, start:end] = k
     ring.tree_values[:, :, start:end] = v
     return logits[0], bias
