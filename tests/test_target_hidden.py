@@ -239,6 +239,8 @@ def test_a_step_with_feature_layers_needs_their_states():
     draft = LongSpecDraft.from_target(target, target_hidden_input=True, target_feature_layers=[0])
     with pytest.raises(ValueError, match=r"hidden x \(1 \+ 1 feature layers\)\) = \(1, 12, 64\).*feature_layers="):
         draft(ids, keys, values, target_hidden=hidden)
+    with pytest.raises(ValueError, match=r"= \(1, 1, 64\), got \(1, 1, 32\)"):  # a tree step: the final state alone
+        draft.target_feature(hidden[:, -1:])
 
 
 def test_trainer_feeds_feature_layers_and_they_learn(tmp_path):

@@ -305,10 +305,10 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         self.block.add_feature_layers(config)
         self.block.feature_norms.to(device=weight.device, dtype=weight.dtype)
         self.block.feature_proj.to(device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            self.block.feature_proj.weight.zero_()
+        self.block.feature_proj.weight.zero_()
         self.__dict__.pop("_static_step", None)  # an engine with buffers for the old feature width
 
+    @torch.no_grad()
     def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Give the draft its own vocabulary: it proposes only `token_ids` (n,) int64 (e.g.
         `vocabulary.frequent_tokens` of its training rows) plus each call's prompt tokens; `config.draft_vocab_size`
@@ -530,7 +530,9 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         if not wanted and target_hidden is not None:
             raise ValueError("target_hidden given to a draft built without target_hidden_input; build it with "
                              "LongSpecDraft.from_target(target, target_hidden_input=True) or drop target_hidden")
-        if wanted and shape is not None and tuple(target_hidden.shape) != shape:
+        width = self.config.target_feature_size
+        if wanted and ((shape is not None and tuple(target_hidden.shape) != shape) or target_hidden.shape[-1] != width):
+            shape = shape or (*target_hidden.shape[:-1], width)
             layers = self.config.target_feature_layers
             what = f"hidden x (1 + {len(layers)} feature layers)" if layers else "hidden"
             raise ValueError(f"target_hidden must be (batch, seq, {what}) = {shape}, got {tuple(target_hidden.shape)}"
