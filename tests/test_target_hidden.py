@@ -264,3 +264,21 @@ def test_trainer_feeds_feature_layers_and_they_learn(tmp_path):
     assert losses["[0]"][0] == pytest.approx(losses["None"][0], rel=1e-5)
     assert losses["[0]"][1] < losses["[0]"][0] - 0.2, losses
     assert draft.block.feature_proj.weight.abs().max() > 1e-3  # the layer's output reached the loss
+
+
+def test_a_target_without_the_read_layers_is_refused_at_attach(tmp_path):
+    """A feature-layer draft attached to a target with fewer layers than it reads: a clear error when loading, not an
+    IndexError at the first generate."""
+    deep, shallow = make_target("llama", num_hidden_layers=4), make_target("llama")
+    LongSpecDraft.from_target(deep, target_hidden_input=True, target_feature_layers=[1, -1]).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"reads target layers \[1, 3\] .* the target has 2 layers"):
+        LongSpecDraft.from_pretrained(tmp_path, target_model=shallow)
+
+
+def test_feature_layers_are_not_added_under_a_lora_adapter():
+    pytest.importorskip("peft")
+    from transformers_longspec.trainers import add_lora_to_draft
+
+    wrapped = add_lora_to_draft(LongSpecDraft.from_target(make_target("llama"), target_hidden_input=True), r=2)
+    with pytest.raises(ValueError, match="LoRA-wrapped draft"):
+        wrapped.add_target_features([0])

@@ -67,7 +67,9 @@ def target_last_layer_kv(target, input_ids, position_ids, attention_mask=None, r
     """
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    with torch.no_grad(), layer_outputs(target, tuple(feature_layers) if return_hidden else ()) as features:
+    if feature_layers and not return_hidden:
+        raise ValueError("feature_layers join the final hidden states: pass return_hidden=True with them")
+    with torch.no_grad(), layer_outputs(target, tuple(feature_layers or ())) as features:
         out = target.get_decoder()(
             input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True
         )

@@ -228,12 +228,18 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         """Use `target_model`'s embedding, LM head and rotary embedding (shared, never copied or saved).
 
         Raises: ValueError naming the mismatch if the target is unsupported or its vocabulary, hidden size, heads
-            or head_dim differ from this draft's config (a draft trained for another target). Warns (UserWarning)
+            or head_dim differ from this draft's config (a draft trained for another target), or if it has fewer
+            layers than the draft's `target_feature_layers` read. Warns (UserWarning)
             when only the target family or layer count differs: output stays exact, acceptance will be low.
         Reference: LongSpec §3.1 (shared embedding and LM head).
         """
         self.check_target_sizes(target_model)
         text = target_model.config.get_text_config()
+        layers = self.config.target_feature_layers or ()
+        if layers and max(layers) >= text.num_hidden_layers:
+            raise ValueError(f"this draft reads target layers {list(layers)} (config.target_feature_layers) but the "
+                             f"target has {text.num_hidden_layers} layers; use the target the draft was trained for, "
+                             "or train a draft for this one")
         built_for = (self.config.target_model_type, self.config.target_num_hidden_layers)
         if None not in built_for and built_for != (text.model_type, text.num_hidden_layers):
             warnings.warn(
@@ -298,6 +304,9 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         if config.target_feature_layers:
             raise ValueError(f"this draft already reads target layers {config.target_feature_layers}; build a new "
                              "draft to read others")
+        if any("lora_" in name for name, _ in self.named_parameters()):
+            raise ValueError("add_target_features on a LoRA-wrapped draft: the adapter would neither train nor save "
+                             "the new projection; add the layers first, then wrap it (add_lora_to_draft)")
         config.target_feature_layers = config._checked_feature_layers(layers)
         if config.target_feature_layers is None:
             return

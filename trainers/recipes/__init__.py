@@ -126,7 +126,8 @@ class Recipe:
         description: what the stage does.
         training_arguments: `LongSpecTrainingArguments` fields (output_dir is supplied at run time).
         data: the `DataSpec`.
-        draft: `LongSpecConfig` overrides used when a NEW draft is built (ignored when continuing a draft).
+        draft: `LongSpecConfig` overrides used when a NEW draft is built (when continuing a draft, only
+            `target_feature_layers` is read: a draft without them gets them added).
         name: the file it came from.
     Reference: LongSpec §4.1.
     """

@@ -222,6 +222,10 @@ def _build_model(args, recipe, target):
         draft = LongSpecDraft.from_pretrained(args.draft, target_model=target, dtype=torch.float32)
         layers = recipe.draft.get("target_feature_layers")
         if layers and not draft.config.target_feature_layers:  # a recipe that adds feature layers to a trained draft
+            if args.lora:
+                raise ValueError(f"the recipe adds target_feature_layers {layers} to --draft, whose new projection a "
+                                 "LoRA adapter would not train: drop --lora, or drop target_feature_layers from the "
+                                 "recipe's draft section")
             draft.add_target_features(layers)
         elif layers and draft.config.target_feature_layers != draft.config._checked_feature_layers(layers):
             raise ValueError(f"--draft reads target layers {draft.config.target_feature_layers}, the recipe asks for "
