@@ -20,7 +20,7 @@ if [ "$mode" != profile ]; then
   { python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/kernels
     python3 -m pytest -q -s -p no:cacheprovider \
       "tests/test_long_run.py::test_thousand_generations_stay_exact_and_flat[cuda]" \
-      tests/test_cuda_graphs.py tests/test_attention.py "tests/test_bench_plain_graph.py"
+      tests/test_cuda_graphs.py tests/test_attention.py "tests/test_bench_plain_graph.py" tests/trainers/test_batch_greedy.py
     python3 -m pytest -q -p no:cacheprovider -m "not gpu" tests/kernels; } > "$OUT/gpu_tests.log" 2>&1
   grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -6
 fi

@@ -24,7 +24,7 @@
 #            (SMOL_VARIANTS, SMOL_STEPS steps or SMOL_MIN minutes), their tau in fp32 (tree / chain) beside the
 #            bundled draft's, and the bundled draft's successor (SMOL_FINAL_MIN minutes; SMOL_FINAL=0: neither)
 #   tau      the Qwen draft: tree + retrieval and chain (TAU_CONFIGS) on held-out + public documents, 2 per bucket
-#            (TAU_BUCKETS, default 8192,16384,30000)
+#            (TAU_BUCKETS, default 8192,16384,30000); beside it (TAU4_S > 0) tau4: its int4 copy, tree + retrieval
 #   bench    every greedy method end to end in one process, alone on the GPU
 # Set LONGSPEC_COMMIT on the launch command line; carry .evaldata (public jsonl + heldout.jsonl).
 # DRY=1: the same pipeline on a CPU in minutes (tiny data and steps, 2k-token prompts, 16 new tokens; HOME pointing at
@@ -105,7 +105,15 @@ case "${1:-}" in
     wait "$tests_pid"
     [ -f "$draft/config.json" ] || draft=  # no trained draft (training failed or ran out of time): an untrained one
     [ -z "$draft" ] || [ ! -f "$draft.int8.safetensors" ] || draft=$draft.int8.safetensors  # measure what is kept
+    # the int4 copy's tau beside the int8 one's (tau is not a timing: the two may share the GPU)
+    tau4_pid=
+    if [ "${TAU4_S:-0}" != 0 ] && [ -f "$HOME/draft-qwen15.int4.safetensors" ]; then
+      TAU_CONFIGS=tree+retrieval TAU_S=$TAU4_S phase tau4 "$(( TAU4_S + 90 ))" bash benchmarks/lease_h200.sh tau \
+        "$HOME/draft-qwen15.int4.safetensors" &
+      tau4_pid=$!
+    fi
     [ "${TAU_S:-160}" = 0 ] || phase tau "$(( ${TAU_S:-160} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
+    [ -z "$tau4_pid" ] || wait "$tau4_pid"
     [ -z "$smol_pid" ] || wait "$smol_pid"
     phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
@@ -173,11 +181,13 @@ case "${1:-}" in
       MIX_SET="$(qwen_mix ', "chat_time_budget_s": 0')" CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl PKG=/tmp/pkg-train \
       TRAIN_EXTRA="--max-steps $(dry 6 "${STEPS:-2000}") --max-minutes $(dry 1 "${TRAIN_MIN:-7}") ${INIT_DRAFT:+--draft $INIT_DRAFT} ${TRAIN_SET:-}" \
       bash benchmarks/gpu_train_mix.sh
-    # the compact copy (one int8 file, `save_compact`): what the tau and bench phases load and what comes back
+    # the compact copies (one int8 file, `save_compact`: what the tau and bench phases load; one int4 file, whose
+    # tau the tau4 phase measures): both come back
     pkg /tmp/pkg-train && python3 -c 'import sys, torch
 from transformers_longspec import LongSpecDraft
 draft = LongSpecDraft.from_pretrained(sys.argv[1], dtype=torch.float32)
-print("compact draft:", draft.save_compact(sys.argv[2]))' "$HOME/draft-qwen15" "$HOME/draft-qwen15.int8.safetensors" ;;
+print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.argv[3], bits=4))' \
+      "$HOME/draft-qwen15" "$HOME/draft-qwen15.int8.safetensors" "$HOME/draft-qwen15.int4.safetensors" ;;
   tau)  # the Qwen draft ($2; none: an untrained one) on held-out and public documents
     pkg /tmp/pkg-tau
     python3 benchmarks/tau_matrix.py --target "$HOME/qwen15" ${2:+--draft "$2"} --dtype "$(dry float32 bfloat16)" \
@@ -236,6 +246,8 @@ print("compact draft:", draft.save_compact(sys.argv[2]))' "$HOME/draft-qwen15" "
     # the Qwen draft's compact file in parts of 15 MiB (files come back at most 16 MiB each): cat the parts
     [ ! -f "$HOME/draft-qwen15.int8.safetensors" ] || \
       split -b 15M -d "$HOME/draft-qwen15.int8.safetensors" "$OUT/draft-qwen15.int8.safetensors.part"
+    [ ! -f "$HOME/draft-qwen15.int4.safetensors" ] || \
+      split -b 15M -d "$HOME/draft-qwen15.int4.safetensors" "$OUT/draft-qwen15.int4.safetensors.part"
     ls -la "$OUT" ;;
   *)
     echo "usage: bash benchmarks/lease_h200.sh launch | sync | wait SECS" >&2; exit 2 ;;

@@ -3,7 +3,8 @@
 A draft serves chat prompts: after the chat template's assistant header the target writes in its own voice, which
 no corpus text shows. So we build instructions over documents of the corpus (summarise it, continue this file,
 explain it, answer a question about it), render them with the TARGET's chat template, let the target answer
-greedily in left-padded batches (bf16 on a GPU), cache the answers' token ids on disk and turn each into one row:
+greedily in left-padded batches (bf16 on a GPU, `batch_greedy`), cache the answers' token ids on disk and turn
+each into one row:
 
     input_ids = chat-templated prompt ids + the generated answer ids (through the first end-of-turn token)
     labels    = -100 on the prompt, the answer ids on the answer         (loss="answer", the default)
@@ -30,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from .batch_greedy import batch_greedy, batch_greedy_unsupported
 
 __all__ = ["CHAT_TASKS", "chat_distill_rows", "chat_prompts", "generate_answers", "render_prompts"]
 
@@ -58,17 +61,23 @@ _WHAT = {"python": ("Python file", "python"), "c_cpp": ("C/C++ source file", "cp
 
 
 def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars: tuple[int, int] = (3000, 9000),
-                 tasks: Sequence[str] = tuple(CHAT_TASKS), seed: int = 0) -> list[str]:
+                 tasks: Sequence[str] = tuple(CHAT_TASKS), seed: int = 0, instruction_after: float = 0.5) -> list[str]:
     """User messages asking for one task over an excerpt of a document.
+
+    The instruction comes before the excerpt ("Summarize the following document: ...") or, for a share
+    `instruction_after` of the prompts, after it ("... Summarize the document above"), as long-document prompts
+    usually put it; a question always comes last.
 
     Args:
         documents: (kind, text) pairs, kind one of "python", "c_cpp", "other_code", "docs".
         count: prompts to build (documents are reused round-robin if there are fewer).
         prompt_chars: (min, max) characters of document per prompt (~3.5 characters per token).
         tasks: names from `CHAT_TASKS`.
-        seed: choice of excerpt, length and task.
+        seed: choice of excerpt, length, task and instruction placement.
+        instruction_after: share of prompts (0 to 1) with the instruction after the excerpt.
     Returns: `count` user-message strings (no chat template yet).
-    Raises: ValueError for no documents, an unknown task or kind, or prompt_chars not 0 < min <= max.
+    Raises: ValueError for no documents, an unknown task or kind, prompt_chars not 0 < min <= max, or
+        instruction_after outside [0, 1].
     Reference: LongSpec §4.1 (task data over long inputs).
     """
     if not documents:
@@ -79,6 +88,8 @@ def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars:
     low, high = prompt_chars
     if not 0 < low <= high:
         raise ValueError(f"prompt_chars must be (min, max) with 0 < min <= max, got {prompt_chars}")
+    if not 0.0 <= instruction_after <= 1.0:
+        raise ValueError(f"instruction_after is a share of prompts in [0, 1], got {instruction_after}")
     rng = random.Random(seed)
     prompts = []
     for i in range(count):
@@ -91,7 +102,12 @@ def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars:
         task = tasks[rng.randrange(len(tasks))]
         what, fence = _WHAT[kind]
         body = excerpt if fence is None else f"```{fence}\n{excerpt}\n```"
-        prompt = f"{CHAT_TASKS[task].format(what=what)}\n\n{body}"
+        instruction = CHAT_TASKS[task].format(what=what)
+        if rng.random() < instruction_after:
+            instruction = instruction.replace(f"the following {what}", f"the {what} above")
+            prompt = f"{body}\n\n{instruction}"
+        else:
+            prompt = f"{instruction}\n\n{body}"
         if task == "question":
             prompt += f"\n\nQuestion: {rng.choice(_QUESTIONS['docs' if kind == 'docs' else 'code'])}"
         prompts.append(prompt)
@@ -146,26 +162,30 @@ def _load_cache(path: Path | None) -> dict[str, list[int]]:
 
 @torch.no_grad()
 def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new_tokens: int = 384,
-                     batch_size: int = 64, time_budget_s: float | None = None, cache_path: str | Path | None = None
-                     ) -> list[list[int] | None]:
+                     batch_size: int = 64, time_budget_s: float | None = None, cache_path: str | Path | None = None,
+                     prefill_tokens: int = 32768) -> list[list[int] | None]:
     """The target's greedy answers (token ids) to chat-templated prompts, batched with left padding, cached.
 
-    Prompts are generated longest first in batches of `batch_size`; each answer is cut after its first stop token
-    (generation-config EOS, e.g. Qwen's <|im_end|>), which is kept. Answers already in `cache_path` (a jsonl of
-    {"key", "answer_ids"}, keyed by prompt ids and max_new_tokens) are reused; new ones are appended after every
-    batch, so a run stopped by the time budget or the lease keeps what it made.
+    Prompts are answered longest first in batches of `batch_size` by `batch_greedy` (one static cache per batch,
+    chunked prefill, the decode step replayed from a CUDA graph on a GPU); a target with sliding-window layers is
+    answered by `target.generate` instead. Both decode by plain argmax, without the logits processors a hub
+    generation_config may name (a repetition penalty): what greedy verification accepts. Each answer is cut after
+    its first stop token (generation-config EOS, e.g. Qwen's <|im_end|>), which is kept. Answers already in
+    `cache_path` (a jsonl of {"key", "answer_ids"}, keyed by prompt ids and max_new_tokens) are reused; new ones are
+    appended after every batch, so a run stopped by the time budget or the lease keeps what it made.
 
     Args:
         target: the target `*ForCausalLM` (its device and dtype are used as they are: bf16 on the GPU).
         tokenizer: its tokenizer (pad: its pad token, else EOS).
         prompt_ids: token ids of rendered prompts (`render_prompts`).
         max_new_tokens: answer length at most (tokens).
-        batch_size: prompts per `generate` call.
+        batch_size: prompts per batch.
         time_budget_s: stop starting new batches after this many seconds (None = no limit).
         cache_path: jsonl file of cached answers (created if missing; None = no cache).
+        prefill_tokens: prompt tokens per prefill forward across a batch (`batch_greedy`).
     Returns: one list of answer ids per prompt, or None for a prompt not reached within the time budget.
     Raises: ValueError if `batch_size` or `max_new_tokens` < 1.
-    Reference: transformers `GenerationMixin.generate` (greedy, left padding).
+    Reference: `batch_greedy` (transformers `StaticCache`, 4D masks); transformers `GenerationMixin.generate`.
     """
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
@@ -173,29 +193,22 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
     cache = _load_cache(path)
     keys = [_key(list(ids), max_new_tokens) for ids in prompt_ids]
     todo = sorted({k: i for i, k in enumerate(keys) if k not in cache}.values(), key=lambda i: -len(prompt_ids[i]))
-    stops = _stop_ids(target, tokenizer)
+    stops = _stop_ids(target, tokenizer) if todo else set()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    device = next(target.parameters()).device
+    fallback = todo and batch_greedy_unsupported(target) is not None
     start, skipped = time.perf_counter(), 0
     for first in range(0, len(todo), batch_size):
         if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
             skipped = len(todo) - first
             break
         batch = todo[first : first + batch_size]
-        width = max(len(prompt_ids[i]) for i in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, i in enumerate(batch):
-            ids[row, width - len(prompt_ids[i]) :] = torch.tensor(prompt_ids[i])
-            mask[row, width - len(prompt_ids[i]) :] = 1
-        out = target.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                              max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=sorted(stops) or None)
-        new = []
-        for row, i in enumerate(batch):
-            answer = out[row, width:].tolist()
-            end = next((t + 1 for t, tok in enumerate(answer) if tok in stops), len(answer))
-            cache[keys[i]] = answer[:end]
-            new.append({"key": keys[i], "answer_ids": answer[:end]})
+        prompts = [prompt_ids[i] for i in batch]
+        if fallback:
+            answers = _generate(target, prompts, max_new_tokens, stops, pad)
+        else:
+            answers = batch_greedy(target, prompts, max_new_tokens, sorted(stops), pad, prefill_tokens)
+        new = [{"key": keys[i], "answer_ids": answer} for i, answer in zip(batch, answers, strict=True)]
+        cache.update((row["key"], row["answer_ids"]) for row in new)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as handle:
@@ -204,6 +217,27 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
         warnings.warn(f"generate_answers: time budget of {time_budget_s} s reached; {skipped} of {len(prompt_ids)} "
                       "prompts have no answer (raise time_budget_s or lower num_prompts)", stacklevel=3)
     return [cache.get(k) for k in keys]
+
+
+def _generate(target, prompts: list[list[int]], max_new_tokens: int, stops: set[int], pad: int) -> list[list[int]]:
+    """Greedy answers by `target.generate` on one left-padded batch (no logits processors), cut after a stop."""
+    from transformers import GenerationConfig
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    device = next(target.parameters()).device
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                              eos_token_id=sorted(stops) or None)
+    out = target.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+    answers = []
+    for row in out[:, width:].tolist():
+        end = next((t + 1 for t, token in enumerate(row) if token in stops), len(row))
+        answers.append(row[:end])
+    return answers
 
 
 def chat_distill_rows(prompt_ids: Sequence[list[int]], answers: Sequence[list[int] | None], loss: str = "answer",

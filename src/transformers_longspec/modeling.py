@@ -207,22 +207,24 @@ class LongSpecDraft(LongSpecPreTrainedModel):
             draft.to(dtype=dtype)
         return draft.eval()
 
-    def save_compact(self, path) -> str:
-        """Write the draft as ONE safetensors file with its matrices in int8 (one scale per row) and its config in
-        the metadata: about a quarter of the bf16 folder's size, for a draft kept in a repository or shipped with a
-        package. Load it with `LongSpecDraft.from_pretrained(path, target_model=target)`. Only the draft's
-        proposals change with the rounding; generation stays exact.
+    def save_compact(self, path, bits: int = 8) -> str:
+        """Write the draft as ONE safetensors file with its matrices in int8 (one scale per row) or int4 (one scale
+        per 32 columns of a row) and its config in the metadata: about a quarter (int8) or an eighth (int4) of the
+        fp32 folder's size, for a draft kept in a repository or shipped with a package. Load it with
+        `LongSpecDraft.from_pretrained(path, target_model=target)`. Only the draft's proposals change with the
+        rounding; generation stays exact.
 
         Args: path: the file to write, e.g. "draft.int8.safetensors" ("~" expanded, missing folders created).
+            bits: 8 or 4 (weights per byte: 1 or 2).
         Returns: the path written (str).
-        Raises: ValueError for a draft wrapped with a LoRA adapter (merge it first).
+        Raises: ValueError for a draft wrapped with a LoRA adapter (merge it first) or bits other than 8 or 4.
         Reference: `checkpoint.write_compact_file`.
         """
         state = self.state_dict()
         if any("lora_" in name or ".base_layer." in name for name in state):
             raise ValueError("this draft carries a LoRA adapter; merge it first: "
                              "transformers_longspec.trainers.merge_lora_draft(model).save_compact(path)")
-        return os.fspath(write_compact_file(path, state, self.config.to_dict()))
+        return os.fspath(write_compact_file(path, state, self.config.to_dict(), bits))
 
     def attach_target(self, target_model) -> LongSpecDraft:
         """Use `target_model`'s embedding, LM head and rotary embedding (shared, never copied or saved).

@@ -21,7 +21,14 @@ def test_prompts_name_the_task_and_fence_code():
     prompts = chat_prompts(DOCS, 6, prompt_chars=(40, 80), seed=3)
     assert len(prompts) == 6
     assert any("```python\n" in p for p in prompts) and any("Rivers carry" in p and "```" not in p for p in prompts)
-    assert all(p.split("\n")[0].endswith((".", ":")) for p in prompts)
+    assert all(p.split("\n")[0].endswith((".", ":")) for p in chat_prompts(DOCS, 6, (40, 80), instruction_after=0))
+    after = chat_prompts(DOCS, 6, (40, 80), seed=3, instruction_after=1)
+    starts = ("Summarize the", "Continue this", "Explain the", "Read the")
+    assert all(not p.startswith(starts) and any(part.startswith(starts) for part in p.split("\n\n")[1:])
+               and "following" not in p for p in after)
+    assert any("the Python file above" in p or "the document above" in p for p in after)
+    with pytest.raises(ValueError, match="instruction_after"):
+        chat_prompts(DOCS, 1, instruction_after=1.5)
     with pytest.raises(ValueError, match="unknown chat tasks"):
         chat_prompts(DOCS, 1, tasks=["translate"])
 
@@ -69,3 +76,14 @@ def test_rows_mask_the_prompt_or_label_everything():
     with pytest.raises(ValueError, match="'answer'"):
         chat_distill_rows([[5]], [[6]], loss="prompt")
     json.dumps(rows)  # plain lists: cacheable
+
+
+def test_sliding_window_targets_are_answered_by_generate():
+    torch.set_num_threads(1)
+    target, tok = make_target("mistral", seed=2, sliding_window=8), make_char_tokenizer()
+    prompt_ids = render_prompts(tok, ["a question longer than the window", "short"])
+    answers = generate_answers(target, tok, prompt_ids, max_new_tokens=5, batch_size=2)
+    for ids, answer in zip(prompt_ids, answers, strict=True):
+        alone = target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=5, pad_token_id=0,
+                                eos_token_id=2)[0, len(ids):].tolist()
+        assert answer == alone[: alone.index(2) + 1 if 2 in alone else len(alone)]
