@@ -74,3 +74,27 @@ def test_hybrid_with_cache_tail_in_masked_block(prefix, tail, visible):
     keep = torch.cat([torch.arange(prefix + visible), torch.arange(prefix + tail, prefix + tail + tree_size)])
     expected = _reference(q, k[:, :, keep], v[:, :, keep], tree, head_dim**-0.5)
     assert (out.double() - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("heads,kv_heads,q_len", [(12, 2, 1), (12, 2, 7), (4, 4, 3), (6, 3, 5)])
+def test_packed_gqa_sdpa_equals_transformers_sdpa(heads, kv_heads, q_len):
+    """The packed query heads see exactly what transformers' SDPA (kv heads repeated) computes, under a per-row
+    additive mask and a boolean one."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from transformers_longspec.attention import packed_gqa_sdpa_forward
+
+    gen = torch.Generator().manual_seed(heads + q_len)
+    batch, keys, dim = 3, 40, 16
+    q = torch.randn(batch, heads, q_len, dim, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, keys, dim, generator=gen) for _ in range(2))
+    visible = torch.rand(batch, 1, q_len, keys + 8, generator=gen) < 0.6  # wider than the keys, as a static mask
+    visible[..., 0] = True
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal, module.training = heads // kv_heads, False, False
+    for mask in (visible, torch.where(visible, 0.0, torch.finfo(torch.float32).min)):
+        want, _ = sdpa_attention_forward(module, q, k, v, mask[..., :keys], scaling=0.25)
+        got, _ = packed_gqa_sdpa_forward(module, q, k, v, mask, scaling=0.25)
+        torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        packed_gqa_sdpa_forward(module, torch.zeros(1, 5, 1, dim), *torch.zeros(2, 1, 2, keys, dim), visible)

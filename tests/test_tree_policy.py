@@ -170,3 +170,96 @@ def test_default_tree_call_reports_its_shape_and_is_exact(family, monkeypatch):
                             longspec_beam_widths=[2, 2])
     assert torch.equal(named, out) and draft.last_generation_stats.beam_widths == (2, 2)
     assert draft.last_generation_stats.retrieval_tokens == 10  # a named tree keeps the default retrieval branch
+
+
+def quiet_costs(target, draft, candidates) -> TreeCosts:
+    """CPU-like but mild: a forward over 2 tokens costs 1.1 plain steps, over 8 1.6; a cheap draft. Trees pay."""
+    return TreeCosts(verify={1: 1.0, 2: 1.1, 8: 1.6, 160: 20.0}, draft={w: 0.05 * sum(w) for w in candidates if w})
+
+
+def loaded_then_quiet(counter: list):
+    """A `measure_costs` whose first measurement ran under load (every forward over > 1 token and every draft
+    growth ~6x slow: the empty tree wins) and every later one on a quiet device; appends to `counter` per call."""
+    def measure(target, draft, candidates) -> TreeCosts:
+        counter.append(len(counter))
+        costs = quiet_costs(target, draft, candidates)
+        if len(counter) > 1:
+            return costs
+        return TreeCosts(verify={t: s if t == 1 else 6 * s for t, s in costs.verify.items()},
+                         draft={w: 6 * s for w, s in costs.draft.items()})
+    return measure
+
+
+def test_a_measurement_under_load_does_not_lock_in_plain_decoding(monkeypatch):
+    """Issue 13: the first measurement, taken under load, makes the empty tree win. It used to stay chosen for good
+    (no drafting, so no new evidence, and never measured again); after PROBE_EVERY calls on it the costs are measured
+    again, each point's fastest time kept, and the policy moves to a tree and stays there without measuring more."""
+    measured = []
+    monkeypatch.setattr(tree_policy, "measure_costs", loaded_then_quiet(measured))
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+    policy = TreePolicy(DEFAULT)
+    choices = [policy.choose(target, draft, (0,)) for _ in range(tree_policy.PROBE_EVERY)]
+    assert choices == [((), 0)] * tree_policy.PROBE_EVERY and len(measured) == 1
+    widths, _ = policy.choose(target, draft, (0,))
+    assert widths and len(measured) == 2
+    key = (id(target), torch.device("cpu"), torch.float32)
+    assert policy.costs[key].verify == quiet_costs(target, draft, policy.candidates).verify  # the fastest of both
+    assert [policy.choose(target, draft, (0,))[0] for _ in range(10)] == [widths] * 10 and len(measured) == 2
+
+
+def test_trees_fastest_keeps_each_points_smaller_time():
+    a = TreeCosts(verify={1: 1.0, 8: 5.0}, draft={(1,): 0.5, (2, 2): 2.0})
+    b = TreeCosts(verify={1: 2.0, 8: 3.0, 32: 9.0}, draft={(1,): 0.7})
+    both = a.fastest(b)
+    assert both.verify == {1: 1.0, 8: 3.0, 32: 9.0} and both.draft == {(1,): 0.5, (2, 2): 2.0}
+    assert a.verify == {1: 1.0, 8: 5.0}  # not changed in place
+
+
+def test_probes_relearn_the_acceptance_on_the_empty_tree(monkeypatch):
+    """Early prompts the draft got wrong drive the acceptance down until the empty tree wins; periodic probes with the
+    chain of one keep collecting evidence. A draft that now gets every token right wins its tree back after one probe;
+    one that stays wrong is probed ever more rarely (the interval doubles) and the empty tree stays the choice."""
+    monkeypatch.setattr(tree_policy, "measure_costs", quiet_costs)
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+
+    def calls(policy, n, accepted_per_token):  # n simulated calls of 10 steps; returns the shapes chosen
+        shapes = []
+        for _ in range(n):
+            widths, retrieval = policy.choose(target, draft, (0,))
+            policy.observe(widths, retrieval, [1 + accepted_per_token * len(widths)] * 10, 0)
+            shapes.append(widths)
+        return shapes
+
+    for good in (True, False):
+        policy = TreePolicy(DEFAULT)
+        assert policy.choose(target, draft, (0,))[0]  # the prior acceptance: a tree
+        policy.observe(DEFAULT, 0, [1] * 10, 0)  # nothing accepted, twice: the empty tree wins
+        policy.observe(DEFAULT, 0, [1] * 10, 0)
+        policy._last = None
+        if good:
+            shapes = calls(policy, tree_policy.PROBE_EVERY + 3, 1)
+            assert shapes[:tree_policy.PROBE_EVERY] == [()] * tree_policy.PROBE_EVERY
+            assert shapes[tree_policy.PROBE_EVERY] == (1,)  # the probe ...
+            assert all(shapes[tree_policy.PROBE_EVERY + 1:])  # ... brings back a tree
+        else:
+            shapes = calls(policy, 40, 0)
+            assert [i for i, w in enumerate(shapes) if w] == [4, 13, 30]  # every 4, then 8, then 16 plain calls
+            assert {w for w in shapes if w} == {(1,)} and policy._last == ((), 0)
+
+
+def test_default_tree_recovers_from_a_measurement_under_load_and_stays_exact(monkeypatch):
+    """End to end: every call equals plain greedy; the first PROBE_EVERY calls (costs measured under load) report the
+    empty tree, the next, measured again on a quiet device, reports a tree."""
+    monkeypatch.setattr(tree_policy, "measure_costs", loaded_then_quiet([]))
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+    ids = torch.randint(3, 99, (1, 30), generator=torch.Generator().manual_seed(5))
+    plain = target.generate(ids, do_sample=False, max_new_tokens=12)
+    shapes = []
+    for _ in range(tree_policy.PROBE_EVERY + 1):
+        out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=12, longspec_retrieval=0)
+        assert torch.equal(out, plain)
+        shapes.append(draft.last_generation_stats.beam_widths)
+    assert shapes[:-1] == [()] * tree_policy.PROBE_EVERY and shapes[-1]

@@ -13,7 +13,8 @@ built on the device:
     query at slot s sees keys k with pad_r <= k <= s (a padding query sees itself, so no softmax row is empty)
 
 The prompt runs in chunks of at most `prefill_tokens` tokens across the batch (bounded activation and mask
-memory at 16k-token prompts), then the one-token step does all of its bookkeeping in place on the device (mask,
+memory at 16k-token prompts; attention through "longspec_packed_sdpa", which reads the cache's kv heads as they
+are where transformers' SDPA would copy them once per query head under a mask), then the one-token step does all of its bookkeeping in place on the device (mask,
 forward, argmax, answer buffer, stop flags) and on CUDA is captured once as a CUDA graph and replayed. The host
 reads the device every `check_every` steps, to stop once every row has written a stop token.
 
@@ -32,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from ..compat import packed_sdpa_attention
 
 __all__ = ["CAPACITY_STEP", "batch_greedy", "batch_greedy_unsupported"]
 
@@ -135,7 +138,7 @@ class _Decoder:
 
 @torch.no_grad()
 def batch_greedy(target, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = (),
-                 pad_token_id: int = 0, prefill_tokens: int = 32768, check_every: int = 16,
+                 pad_token_id: int = 0, prefill_tokens: int = 16384, check_every: int = 16,
                  cuda_graph: bool = True) -> list[list[int]]:
     """The target's greedy answers to a batch of prompts, each cut after its first stop token (kept).
 
@@ -147,7 +150,8 @@ def batch_greedy(target, prompt_ids: Sequence[Sequence[int]], max_new_tokens: in
         stop_ids: token ids that end an answer (EOS, end of turn); empty = always `max_new_tokens`.
         pad_token_id: id fed at padding slots (masked; any valid id).
         prefill_tokens: prompt tokens per prefill forward across the batch (memory bound: the chunk's mask is
-            B x chunk x capacity and its activations chunk x B tokens).
+            B x chunk x capacity, repeated n_heads / n_kv_heads times inside the attention, and its activations
+            chunk x B tokens).
         check_every: decode steps between device -> host reads of the stop flags.
         cuda_graph: on CUDA, capture the step and replay it (False: eager steps).
     Returns: B lists of int answer ids, in the order of `prompt_ids`.
@@ -171,15 +175,16 @@ def batch_greedy(target, prompt_ids: Sequence[Sequence[int]], max_new_tokens: in
         ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
     pad = torch.tensor([width - len(p) for p in prompt_ids], dtype=torch.long, device=device)
     decoder = _Decoder(target, batch, capacity, max_new_tokens, stop_ids, device)
-    if cuda_graph and device.type == "cuda":
-        decoder.capture(device)
-    decoder.prefill(ids.to(device), pad, prefill_tokens)
-    step = decoder.graph.replay if decoder.graph is not None else decoder.step
-    made = 1
-    while made < max_new_tokens and not bool(decoder.done.all()):
-        for _ in range(min(check_every, max_new_tokens - made)):
-            step()
-            made += 1
+    with packed_sdpa_attention(target):
+        if cuda_graph and device.type == "cuda":
+            decoder.capture(device)
+        decoder.prefill(ids.to(device), pad, prefill_tokens)
+        step = decoder.graph.replay if decoder.graph is not None else decoder.step
+        made = 1
+        while made < max_new_tokens and not bool(decoder.done.all()):
+            for _ in range(min(check_every, max_new_tokens - made)):
+                step()
+                made += 1
     stops = set(stop_ids)
     answers = []
     for row in decoder.answers[:, :made].tolist():

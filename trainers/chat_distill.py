@@ -163,7 +163,7 @@ def _load_cache(path: Path | None) -> dict[str, list[int]]:
 @torch.no_grad()
 def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new_tokens: int = 384,
                      batch_size: int = 64, time_budget_s: float | None = None, cache_path: str | Path | None = None,
-                     prefill_tokens: int = 32768) -> list[list[int] | None]:
+                     prefill_tokens: int = 16384) -> list[list[int] | None]:
     """The target's greedy answers (token ids) to chat-templated prompts, batched with left padding, cached.
 
     Prompts are answered longest first in batches of `batch_size` by `batch_greedy` (one static cache per batch,

@@ -111,4 +111,37 @@ def longspec_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
-__all__ = ["hybrid_tree_attention", "longspec_attention_forward"]
+def packed_gqa_sdpa_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                            **kwargs) -> tuple[torch.Tensor, None]:
+    """The "longspec_packed_sdpa" attention function: SDPA under an explicit mask without copying the kv heads.
+
+    transformers' SDPA path repeats every kv head for its query heads (`repeat_kv`) whenever a mask is given, which
+    copies the whole cache n_heads / n_kv_heads times per layer and call: for a batch of 192 left-padded prompts
+    of a GQA target that copy, not the attention, is the step. Here the query heads that share a kv head are packed
+    into the query axis instead, (batch, n_kv_heads, group x q_len, head_dim), and the mask is repeated along that
+    axis to match: the keys and values are read as they are. Used by `trainers.batch_greedy`.
+
+    Args: as transformers attention functions — query (batch, n_heads, q_len, head_dim), key / value
+        (batch, n_kv_heads, kv_len, head_dim), attention_mask (batch, 1, q_len, >= kv_len) additive or bool, or
+        None (causal over the last q_len keys is NOT implied: pass a mask); dropout must be 0.
+    Returns: (attn_output (batch, q_len, n_heads, head_dim), None), dtype of `query`.
+    Raises: ValueError for dropout > 0 or n_heads not a multiple of n_kv_heads.
+    Reference: transformers `sdpa_attention_forward` (`repeat_kv`, `use_gqa_in_sdpa`); the GQA packing of
+        FlashAttention-2 / FlashDecoding (query heads of one kv head in one program).
+    """
+    batch, heads, length, dim = query.shape
+    kv_heads = key.shape[1]
+    if dropout or heads % kv_heads:
+        raise ValueError(f"packed_gqa_sdpa_forward needs dropout 0 and n_heads ({heads}) a multiple of n_kv_heads "
+                         f"({kv_heads}), got dropout {dropout}")
+    group = heads // kv_heads
+    packed = query.reshape(batch, kv_heads, group * length, dim)  # head kv * group + j, query t -> row j * length + t
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask[..., : key.shape[2]].expand(batch, 1, length, key.shape[2]).repeat(1, 1, group, 1)
+    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
+    return out.view(batch, heads, length, dim).transpose(1, 2).contiguous(), None
+
+
+__all__ = ["hybrid_tree_attention", "longspec_attention_forward", "packed_gqa_sdpa_forward"]

@@ -13,7 +13,8 @@ What we patch or register (idempotently, by `install()`, which `import transform
 * `GenerationMixin._prepare_model_inputs` (private, wrapped): a prompt that is a list or a 1-D tensor raises a
   ValueError giving the expected shape, for any decoder-only model (stock `generate` fails on them a few lines later
   with an IndexError or AttributeError).
-* `AttentionInterface` / `AttentionMaskInterface` (public registries): the "longspec" attention.
+* `AttentionInterface` / `AttentionMaskInterface` (public registries): the "longspec" attention, and
+  "longspec_packed_sdpa" (masked SDPA without kv-head copies, for `trainers.batch_greedy`).
 * `AutoConfig` / `AutoModel` (public registries): `model_type="longspec_draft"`.
 * `_previous_max_cache_length` (private attribute `generate` leaves on a model after a static-cache call):
   `forget_static_cache_length` clears it so that benchmarks size each static cache to its own prompt.
@@ -52,6 +53,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .call_lock import clear_stats_unless_running
 
 ATTENTION_NAME = "longspec"
+PACKED_SDPA_NAME = "longspec_packed_sdpa"
 # per-call `generate(longspec_<name>=...)` options, passed to `longspec_tree_decode(<name>=...)`
 LONGSPEC_OPTIONS = ("beam_widths", "static_shapes", "compile", "retrieval", "draft_vocab")
 MODEL_TYPE = "longspec_draft"
@@ -306,12 +308,14 @@ def install() -> None:
         raise ImportError(
             f"transformers-longspec needs transformers>={MIN_TRANSFORMERS}, found {transformers_version}"
         )
-    from .attention import longspec_attention_forward
+    from .attention import longspec_attention_forward, packed_gqa_sdpa_forward
     from .configuration import LongSpecConfig
     from .modeling import LongSpecDraft
 
     AttentionInterface.register(ATTENTION_NAME, longspec_attention_forward)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    AttentionInterface.register(PACKED_SDPA_NAME, packed_gqa_sdpa_forward)
+    AttentionMaskInterface.register(PACKED_SDPA_NAME, sdpa_mask)
     AutoConfig.register(LongSpecConfig.model_type, LongSpecConfig, exist_ok=True)
     AutoModel.register(LongSpecConfig, LongSpecDraft, exist_ok=True)
     if _ORIGINALS:
@@ -350,6 +354,14 @@ def attention_implementation(model, name: str):
         yield
     finally:
         model.set_attn_implementation(original)
+
+
+def packed_sdpa_attention(target):
+    """Within the block, `target`'s attention layers dispatch to "longspec_packed_sdpa" (restored afterwards).
+
+    Reference: transformers `PreTrainedModel.set_attn_implementation`.
+    """
+    return attention_implementation(target, PACKED_SDPA_NAME)
 
 
 def tree_attention(target):

@@ -30,6 +30,14 @@ tree (plain decoding through the engine, speed 1 + g / ...) is always one, so th
 than plain decoding. The choice is reported in `LongSpecStats.beam_widths` / `retrieval_tokens`. A model here, not a
 guarantee: every shape is exact, only the speed depends on it.
 
+The empty tree would otherwise be final: it neither drafts (no acceptance evidence) nor measures again, so one
+measurement taken under load (a busy 2-core CPU: every point best of three, yet all three slow) or a few early
+prompts the draft got wrong would keep plain decoding for good. After `PROBE_EVERY` calls in a row on the empty tree
+the next call measures the costs again, keeping each point's fastest time of all measurements (load only ever adds
+time), and if the empty tree still wins it probes the smallest tree (the chain of one) so that `observe` learns the
+acceptance again. The interval doubles after each probe that leaves the empty tree chosen (up to `PROBE_EVERY_MAX`
+calls), so a device where plain decoding truly wins pays rarely; a probe call reports the probed shape.
+
 Reference: LongSpec (arXiv 2502.17421) §3.3 (dynamic trees); the cost model of tree-size selection in Sequoia
 (Chen et al. 2024) and SpecInfer, in simplified form.
 """
@@ -53,6 +61,9 @@ SWITCH_GAIN = 1.1  # another shape replaces the previous call's only if predicte
 # count (a GPU): the measured costs leave out the long context's attention, which grows with every tree token, and
 # on a CPU a 24-token chain then cost 1.6x the 10-token one per step where the costs said 1.3x (session 11 demo).
 LONG_CHAIN_FLATNESS = 1.1
+# After this many calls in a row on the empty tree, the next measures the costs again and probes the chain of one;
+# the interval doubles after each probe that changes nothing, up to the maximum (calls).
+PROBE_EVERY, PROBE_EVERY_MAX = 4, 64
 _VERIFY_POINTS = (1, 2, 8, 32, 96, 160)  # tokens per measured target forward (on a CPU 2 already costs ~1.4x 1)
 
 
@@ -92,6 +103,14 @@ class TreeCosts:
             if tokens <= t1:
                 break
         return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
+
+    def fastest(self, other: TreeCosts) -> TreeCosts:
+        """Each point's (verify token count or draft shape) smaller time of `self` and `other`, two measurements of
+        the same device (load only ever adds time; a point measured in one only is kept). Returns: a new `TreeCosts`
+        in seconds."""
+        def low(a: dict, b: dict) -> dict:
+            return {k: min(a.get(k, math.inf), b.get(k, math.inf)) for k in {**a, **b}}
+        return TreeCosts(verify=low(self.verify, other.verify), draft=low(self.draft, other.draft))
 
 
 @torch.no_grad()
@@ -157,6 +176,7 @@ class TreePolicy:
         self.prompt_gain: dict[int, float] | None = None  # {chain length: gain} of the current call's prompt
         self.draft_scale = 1.0  # observed draft / verification time per step over the measured ratio (calls so far)
         self._key, self._last = None, None  # the costs and the choice of the last `choose`
+        self._plain_calls, self._probe_every = 0, PROBE_EVERY  # calls in a row on the empty tree; probe interval
 
     def expected_gain(self, retrieval_tokens: int) -> float:
         """g: tokens per step a retrieval branch of that length is expected to add (the prompt's estimate when there
@@ -176,7 +196,10 @@ class TreePolicy:
                prompt: torch.Tensor | None = None) -> tuple[tuple[int, ...], int]:
         """(beam_widths, retrieval_tokens) with the highest predicted speed-up; measures costs on first use. The
         previous call's choice is kept unless another is predicted `SWITCH_GAIN` times faster: a new shape costs a new
-        compiled draft phase and new graphs, and estimates move a little with every call.
+        compiled draft phase and new graphs, and estimates move a little with every call. After `PROBE_EVERY` (then
+        doubling) calls in a row on the empty tree the costs are measured again (`TreeCosts.fastest`) and, if the
+        empty tree still wins, this call alone probes the chain of one (module docstring); the empty tree stays the
+        previous choice.
 
         Args:
             retrieval_options: retrieval lengths to consider (tokens): the call's own, or 0 and
@@ -188,8 +211,11 @@ class TreePolicy:
         self.prompt_gain = None if prompt is None or not lengths else prompt_retrieval_gains(prompt, lengths)
         param = next(target.parameters())
         key = (id(target), param.device, param.dtype)
+        probe = key in self.costs and self._plain_calls >= self._probe_every
         if key not in self.costs:
             self.costs[key] = measure_costs(target, draft, self.candidates)
+        elif probe:  # the empty tree for a while: measure again, in case the earlier measurement ran under load
+            self.costs[key] = self.costs[key].fastest(measure_costs(target, draft, self.candidates))
         self._key = key
         shortest = min(lengths, default=0)
         options = [(w, r) for w in self.candidates for r in retrieval_options
@@ -199,6 +225,13 @@ class TreePolicy:
         if self._last in speed and speed[best] < SWITCH_GAIN * speed[self._last]:
             best = self._last
         self._last = best
+        if best[0]:
+            self._plain_calls, self._probe_every = 0, PROBE_EVERY
+        elif probe:  # still the empty tree: one call with the chain of one, for `observe` to learn the acceptance
+            self._plain_calls, self._probe_every = 0, min(2 * self._probe_every, PROBE_EVERY_MAX)
+            return next((w for w in self.candidates if w), ()), best[1]
+        else:
+            self._plain_calls += 1
         return best
 
     def _verify_flat(self, widths, shorter: int, longer: int) -> bool:
