@@ -141,7 +141,7 @@ def packed_gqa_sdpa_forward(module, query: torch.Tensor, key: torch.Tensor, valu
     if attention_mask is not None:
         mask = attention_mask[..., : key.shape[2]].expand(batch, 1, length, key.shape[2]).repeat(1, 1, group, 1)
     out = F.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
-    return out.view(batch, heads, length, dim).transpose(1, 2).contiguous(), None
+    return out.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
 
 
 __all__ = ["hybrid_tree_attention", "longspec_attention_forward", "packed_gqa_sdpa_forward"]
