@@ -61,7 +61,10 @@ class MixSpec:
             characters (24k-56k: ~7k-16k tokens), so the draft learns what the target writes with a long cache to
             read, as in a long-context chat (short prompts teach the answers' voice, not that). Generated after the
             short prompts, in batches of as many prompt tokens (chat_batch_size x the short and long maxima's ratio),
-            within what remains of `chat_time_budget_s`.
+            within what remains of `chat_time_budget_s` (at least `chat_long_budget_share` of it: the short prompts
+            stop before).
+        chat_long_budget_share: share (0 to 1) of `chat_time_budget_s` kept for the long prompts when there are
+            both kinds (0.5: in session 14's lease 1,536 short prompts took the whole 90 s and no long one ran).
         chat_long_prompt_chars: (min, max) characters of document per long prompt.
         chat_max_new_tokens: answer length at most.
         chat_batch_size: prompts per `generate` call.
@@ -99,6 +102,7 @@ class MixSpec:
     chat_prompt_chars: list = field(default_factory=lambda: [3000, 9000])
     chat_long_prompts: int = 0
     chat_long_prompt_chars: list = field(default_factory=lambda: [24000, 56000])
+    chat_long_budget_share: float = 0.5
     chat_max_new_tokens: int = 384
     chat_batch_size: int = 64
     chat_time_budget_s: float | None = None
@@ -139,6 +143,9 @@ class MixSpec:
                                  f"{getattr(self, name)}")
         if isinstance(self.chat_repeat, bool) or not isinstance(self.chat_repeat, int) or self.chat_repeat < 1:
             raise ValueError(f"data.mix.chat_repeat must be an int >= 1, got {self.chat_repeat!r}")
+        if not 0.0 <= self.chat_long_budget_share <= 1.0:
+            raise ValueError(f"data.mix.chat_long_budget_share is a share of chat_time_budget_s in [0, 1], got "
+                             f"{self.chat_long_budget_share!r}")
         if self.chat_loss not in ("answer", "all"):
             raise ValueError(f"data.mix.chat_loss must be 'answer' or 'all', got {self.chat_loss!r}")
         for path in self.jsonl:
@@ -294,6 +301,8 @@ def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict
         prompt_ids = render_prompts(tokenizer, chat_prompts(documents, count, tuple(chars), seed=spec.seed + long))
         batch = max(1, spec.chat_batch_size * spec.chat_prompt_chars[1] // chars[1])  # tokens per batch kept
         budget = spec.chat_time_budget_s
+        if budget is not None and not long and spec.chat_long_prompts:  # the long prompts' share is kept for them
+            budget *= 1.0 - spec.chat_long_budget_share
         budget = None if budget is None else max(budget - (time.perf_counter() - start), 0.0)
         answers = generate_answers(target, tokenizer, prompt_ids, spec.chat_max_new_tokens, batch, budget,
                                    spec.chat_cache)

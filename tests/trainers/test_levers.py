@@ -1,6 +1,7 @@
 """The training levers of issue 12 on tiny targets: soft distillation, init from the target, long / mixed rows."""
 
 import json
+from collections import Counter
 from dataclasses import asdict
 
 import pytest
@@ -120,6 +121,27 @@ def test_long_chat_prompts_are_answered_over_joined_files(tmp_path, fake_site):
     assert after < before - 0.2, (before, after)
     with pytest.raises(ValueError, match="per_device_train_batch_size=1"):
         StepCollator()(train[:2])
+
+
+def test_long_chat_prompts_keep_their_share_of_the_time_budget(tmp_path, fake_site, monkeypatch):
+    """The short prompts stop at (1 - chat_long_budget_share) of chat_time_budget_s, the long ones get the rest."""
+    from transformers_longspec.trainers import mix
+
+    budgets = []
+
+    def fake_answers(target, tokenizer, prompt_ids, max_new_tokens, batch, budget, cache):
+        budgets.append(budget)
+        return [[5, 2]] * len(prompt_ids)
+
+    monkeypatch.setattr(mix, "generate_answers", fake_answers)
+    spec = MixSpec(chat_prompts=2, chat_prompt_chars=[60, 120], chat_long_prompts=2,
+                   chat_long_prompt_chars=[2000, 2600], chat_time_budget_s=100.0, chat_long_budget_share=0.25,
+                   chat_kinds=["python"], roots=[str(fake_site)], min_chars=100, system_docs=False)
+    stats = mix.CorpusStats(Counter(), Counter())
+    rows = mix.chat_rows(spec, make_char_tokenizer(), None, stats)
+    assert len(rows) == 4 and 70.0 < budgets[0] <= 75.0 and 95.0 < budgets[1] <= 100.0
+    with pytest.raises(ValueError, match="chat_long_budget_share is a share"):
+        MixSpec(chat_long_budget_share=1.5)
 
 
 def test_mix_recipe_builds_step_items_and_checks_its_settings(tmp_path, fake_site):
