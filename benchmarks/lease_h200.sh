@@ -6,6 +6,8 @@
 #                                            # phases not yet started run the patched code (a fix found mid-lease)
 #   bash benchmarks/lease_h200.sh wait SECS  # hold the machine up to SECS (or until DONE), pack ~/lease/out into
 #                                            # $OUT/lease.tgz (drafts in $OUT/drafts.tgz)
+# The machine is held only while a command runs on it: issue the wait calls back to back (it is released after
+# ~30 s with none running, and the pipeline with it; session 14 lost a lease that way).
 # Pipeline (every phase logs to ~/lease/out/<phase>/, a failed phase does not stop the next; times on one H200):
 #   profile  (GPU alone, beside data + convert) where a LongSpec step's and a training step's time go, on random
 #            weights of the Qwen shape (kernel_profile.py unless PROFILE_CONTEXTS=none; train_profile.py unless

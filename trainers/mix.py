@@ -67,7 +67,7 @@ class MixSpec:
             both kinds (0.5: in session 14's lease 1,536 short prompts took the whole 90 s and no long one ran).
         chat_long_prompt_chars: (min, max) characters of document per long prompt.
         chat_max_new_tokens: answer length at most.
-        chat_batch_size: prompts per `generate` call.
+        chat_batch_size: prompts per batch of answers (`batch_greedy`).
         chat_time_budget_s: stop generating after this many seconds (None = no limit).
         chat_cache: jsonl file caching the answers (None = no cache).
         chat_loss: "answer" (prompt masked) or "all".
