@@ -230,9 +230,15 @@ def _generate(target, prompts: list[list[int]], max_new_tokens: int, stops: set[
         ids[row, width - len(prompt) :] = torch.tensor(prompt)
         mask[row, width - len(prompt) :] = 1
     device = next(target.parameters()).device
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                              eos_token_id=sorted(stops) or None)
-    out = target.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+    # the model's own generation_config would fill every field a passed one leaves at its default (a hub config's
+    # repetition penalty among them): swap in a neutral one for the call
+    saved = target.generation_config
+    target.generation_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                                eos_token_id=sorted(stops) or None)
+    try:
+        out = target.generate(input_ids=ids.to(device), attention_mask=mask.to(device))
+    finally:
+        target.generation_config = saved
     answers = []
     for row in out[:, width:].tolist():
         end = next((t + 1 for t, token in enumerate(row) if token in stops), len(row))

@@ -78,12 +78,21 @@ def test_rows_mask_the_prompt_or_label_everything():
     json.dumps(rows)  # plain lists: cacheable
 
 
-def test_sliding_window_targets_are_answered_by_generate():
+@pytest.mark.parametrize("family,window", [("mistral", 8), ("qwen2", None)])
+def test_answers_are_plain_argmax_whatever_the_generation_config_says(family, window):
+    """A sliding-window target is answered by `generate`, the others by `batch_greedy`; both ignore a repetition
+    penalty in the target's generation_config (greedy verification accepts the plain argmax) and leave it set."""
     torch.set_num_threads(1)
-    target, tok = make_target("mistral", seed=2, sliding_window=8), make_char_tokenizer()
+    target, tok = make_target(family, seed=2, sliding_window=window), make_char_tokenizer()
     prompt_ids = render_prompts(tok, ["a question longer than the window", "short"])
-    answers = generate_answers(target, tok, prompt_ids, max_new_tokens=5, batch_size=2)
-    for ids, answer in zip(prompt_ids, answers, strict=True):
-        alone = target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=5, pad_token_id=0,
+    plain = []
+    for ids in prompt_ids:
+        alone = target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12, pad_token_id=0,
                                 eos_token_id=2)[0, len(ids):].tolist()
-        assert answer == alone[: alone.index(2) + 1 if 2 in alone else len(alone)]
+        plain.append(alone[: alone.index(2) + 1 if 2 in alone else len(alone)])
+    target.generation_config.repetition_penalty = 5.0
+    penalised = target.generate(torch.tensor([prompt_ids[0]]), do_sample=False, max_new_tokens=12, pad_token_id=0,
+                                eos_token_id=2)[0, len(prompt_ids[0]):].tolist()
+    assert penalised[: len(plain[0])] != plain[0]  # the penalty changes greedy output here
+    assert generate_answers(target, tok, prompt_ids, max_new_tokens=12, batch_size=2) == plain
+    assert target.generation_config.repetition_penalty == 5.0
