@@ -19,7 +19,7 @@
 #   gputests (beside chat, after profile) CUDA graphs, compiled step, feature drafts, retrieval, draft vocabulary,
 #            plain loop, 1,000-call long run
 #   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps), continued
-#            from the committed drafts/qwen2.5-coder-1.5b-instruct.int8.safetensors (INIT_DRAFT: another saved or
+#            from the committed drafts/qwen2.5-coder-1.5b-instruct.int4.safetensors (INIT_DRAFT: another saved or
 #            compact draft; empty: a new one), then its compact int8 copy, which the tau and bench phases load
 #            and `wait` brings back in parts (commit it over the old one when its tau holds up)          ~9 min
 #   smol     (SMOL=1 only, from the end of data, beside chat, train and tau) SmolLM2 drafts at equal budget, one lever changed each
@@ -176,7 +176,7 @@ case "${1:-}" in
       $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-240}")")") ;;
   train)  # continues the committed compact draft unless INIT_DRAFT says otherwise (INIT_DRAFT= : a new draft);
           # TRAIN_SET: more `longspec train` arguments, e.g. "--set draft_vocab_loss=true"
-    INIT_DRAFT=${INIT_DRAFT-$PWD/drafts/qwen2.5-coder-1.5b-instruct.int8.safetensors}
+    INIT_DRAFT=${INIT_DRAFT-$PWD/drafts/qwen2.5-coder-1.5b-instruct.int4.safetensors}
     [ -z "$INIT_DRAFT" ] || [ -f "$INIT_DRAFT" ] || INIT_DRAFT=
     [ "$DRY" = 0 ] || INIT_DRAFT=  # the dry run's target is a small stand-in: a new draft
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
