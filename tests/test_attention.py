@@ -98,3 +98,19 @@ def test_packed_gqa_sdpa_equals_transformers_sdpa(heads, kv_heads, q_len):
         torch.testing.assert_close(got, want)
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         packed_gqa_sdpa_forward(module, torch.zeros(1, 5, 1, dim), *torch.zeros(2, 1, 2, keys, dim), visible)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_packed_sdpa_as_a_models_attention_stays_causal_without_padding(family):
+    """Selected by name on a model (no padding: transformers passes no mask), "longspec_packed_sdpa" gives the same
+    logits as "sdpa"; with a padding mask too."""
+    from tiny_models import make_target
+
+    target = make_target(family, seed=5)
+    ids = torch.randint(4, 99, (2, 12), generator=torch.Generator().manual_seed(0))
+    padding = torch.ones_like(ids)
+    padding[1, :3] = 0
+    want = [target(ids).logits, target(ids, attention_mask=padding).logits]
+    target.set_attn_implementation("longspec_packed_sdpa")
+    torch.testing.assert_close(target(ids).logits, want[0])
+    torch.testing.assert_close(target(ids, attention_mask=padding).logits[1, 3:], want[1][1, 3:])

@@ -13,10 +13,11 @@ built on the device:
     query at slot s sees keys k with pad_r <= k <= s (a padding query sees itself, so no softmax row is empty)
 
 The prompt runs in chunks of at most `prefill_tokens` tokens across the batch (bounded activation and mask
-memory at 16k-token prompts; attention through "longspec_packed_sdpa", which reads the cache's kv heads as they
-are where transformers' SDPA would copy them once per query head under a mask), then the one-token step does all of its bookkeeping in place on the device (mask,
+memory at 16k-token prompts). Then the one-token step does all of its bookkeeping in place on the device (mask,
 forward, argmax, answer buffer, stop flags) and on CUDA is captured once as a CUDA graph and replayed. The host
-reads the device every `check_every` steps, to stop once every row has written a stop token.
+reads the device every `check_every` steps, to stop once every row has written a stop token. Attention runs as
+"longspec_packed_sdpa": it reads the cache's kv heads as they are, where transformers' SDPA would copy them once
+per query head under a mask (benchmarks/NOTES.md, session 14: that copy was the step).
 
 Plain argmax decoding, no logits processors: what greedy verification accepts, and what `target.generate(
 do_sample=False)` returns for a target whose generation_config asks for no processing (a repetition penalty in a
@@ -147,7 +148,8 @@ def batch_greedy(target, prompt_ids: Sequence[Sequence[int]], max_new_tokens: in
             and dtype are used as they are.
         prompt_ids: B token-id lists (chat-templated prompts), each non-empty; any lengths (left-padded here).
         max_new_tokens: answer length at most (tokens).
-        stop_ids: token ids that end an answer (EOS, end of turn); empty = always `max_new_tokens`.
+        stop_ids: token ids that end an answer (EOS, end of turn; one int or None accepted); empty = always
+            `max_new_tokens`.
         pad_token_id: id fed at padding slots (masked; any valid id).
         prefill_tokens: prompt tokens per prefill forward across the batch (memory bound: the chunk's mask is
             B x chunk x capacity, repeated n_heads / n_kv_heads times inside the attention, and its activations
@@ -155,15 +157,23 @@ def batch_greedy(target, prompt_ids: Sequence[Sequence[int]], max_new_tokens: in
         check_every: decode steps between device -> host reads of the stop flags.
         cuda_graph: on CUDA, capture the step and replay it (False: eager steps).
     Returns: B lists of int answer ids, in the order of `prompt_ids`.
-    Raises: ValueError for an empty batch or prompt, max_new_tokens / prefill_tokens / check_every < 1, or a
-        target `batch_greedy_unsupported` names.
+    Raises: ValueError for a tensor instead of lists, an empty batch or prompt, max_new_tokens / prefill_tokens /
+        check_every not ints >= 1, a pad_token_id that is not an int, or a target `batch_greedy_unsupported` names
+        (a sliding window, even one longer than prompt + answer).
     Reference: transformers `StaticCache` and 4D attention masks; gpt-fast `generate.py`; PyTorch CUDA Graphs.
     """
+    if isinstance(prompt_ids, torch.Tensor):
+        raise ValueError("batch_greedy takes a list of token-id lists (any lengths, no padding), not a tensor: pass "
+                         "input_ids.tolist() without the padding")
     if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
         raise ValueError("batch_greedy needs at least one prompt and no empty prompt")
-    if min(max_new_tokens, prefill_tokens, check_every) < 1:
-        raise ValueError(f"max_new_tokens, prefill_tokens and check_every must be >= 1, got {max_new_tokens}, "
-                         f"{prefill_tokens}, {check_every}")
+    counts = (max_new_tokens, prefill_tokens, check_every)
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in counts) or min(counts) < 1:
+        raise ValueError(f"max_new_tokens, prefill_tokens and check_every must be ints >= 1, got {max_new_tokens!r}, "
+                         f"{prefill_tokens!r}, {check_every!r}")
+    if not isinstance(pad_token_id, int):
+        raise ValueError(f"pad_token_id must be a token id (int), got {pad_token_id!r}")
+    stop_ids = () if stop_ids is None else [stop_ids] if isinstance(stop_ids, int) else stop_ids
     reason = batch_greedy_unsupported(target)
     if reason is not None:
         raise ValueError(f"batch_greedy cannot decode this target: {reason}; use target.generate instead")

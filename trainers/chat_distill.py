@@ -76,19 +76,24 @@ def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars:
         seed: choice of excerpt, length, task and instruction placement.
         instruction_after: share of prompts (0 to 1) with the instruction after the excerpt.
     Returns: `count` user-message strings (no chat template yet).
-    Raises: ValueError for no documents, an unknown task or kind, prompt_chars not 0 < min <= max, or
-        instruction_after outside [0, 1].
+    Raises: ValueError for no documents, a negative count, tasks given as one string, an unknown task or kind,
+        prompt_chars not 0 < min <= max, or instruction_after not a number in [0, 1].
     Reference: LongSpec §4.1 (task data over long inputs).
     """
     if not documents:
         raise ValueError("chat_prompts needs at least one (kind, text) document")
+    if isinstance(tasks, str):
+        raise ValueError(f"tasks is a list of task names, got the string {tasks!r}; pass [{tasks!r}]")
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
     unknown = sorted(set(tasks) - set(CHAT_TASKS))
     if unknown or not tasks:
         raise ValueError(f"unknown chat tasks {unknown or tasks}; choose from {sorted(CHAT_TASKS)}")
     low, high = prompt_chars
     if not 0 < low <= high:
         raise ValueError(f"prompt_chars must be (min, max) with 0 < min <= max, got {prompt_chars}")
-    if not 0.0 <= instruction_after <= 1.0:
+    if isinstance(instruction_after, bool) or not isinstance(instruction_after, (int, float)) or not (
+            0.0 <= instruction_after <= 1.0):
         raise ValueError(f"instruction_after is a share of prompts in [0, 1], got {instruction_after}")
     rng = random.Random(seed)
     prompts = []
@@ -103,7 +108,7 @@ def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars:
         what, fence = _WHAT[kind]
         body = excerpt if fence is None else f"```{fence}\n{excerpt}\n```"
         instruction = CHAT_TASKS[task].format(what=what)
-        if rng.random() < instruction_after:
+        if instruction_after and rng.random() < instruction_after:  # 0: the prompts (and their seeds) of old
             instruction = instruction.replace(f"the following {what}", f"the {what} above")
             prompt = f"{body}\n\n{instruction}"
         else:
@@ -145,18 +150,32 @@ def _stop_ids(target, tokenizer) -> set[int]:
     return ids
 
 
-def _key(ids: list[int], max_new_tokens: int) -> str:
-    return hashlib.sha1(json.dumps([max_new_tokens, ids]).encode()).hexdigest()
+def _target_name(target) -> list:
+    """What tells two targets' answers apart in the cache: the checkpoint's name and its shape."""
+    config = target.config.get_text_config()
+    return [getattr(target.config, "_name_or_path", ""), config.model_type, config.num_hidden_layers,
+            config.hidden_size, config.vocab_size]
+
+
+def _key(target_name: list, ids: list[int], max_new_tokens: int) -> str:
+    return hashlib.sha1(json.dumps([target_name, max_new_tokens, ids]).encode()).hexdigest()
 
 
 def _load_cache(path: Path | None) -> dict[str, list[int]]:
+    """The cached answers of `path`; a line cut short (a run killed while appending) is skipped with a warning."""
     if path is None or not path.is_file():
         return {}
-    cache = {}
+    cache, broken = {}, 0
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
-            row = json.loads(line)
-            cache[row["key"]] = row["answer_ids"]
+            try:
+                row = json.loads(line)
+                cache[row["key"]] = row["answer_ids"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                broken += 1
+    if broken:
+        warnings.warn(f"{path}: {broken} unreadable line(s) skipped (a run stopped while writing?); their prompts "
+                      "are answered again", stacklevel=3)
     return cache
 
 
@@ -171,8 +190,9 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
     answered by `target.generate` instead. Both decode by plain argmax, without the logits processors a hub
     generation_config may name (a repetition penalty): what greedy verification accepts. Each answer is cut after
     its first stop token (generation-config EOS, e.g. Qwen's <|im_end|>), which is kept. Answers already in
-    `cache_path` (a jsonl of {"key", "answer_ids"}, keyed by prompt ids and max_new_tokens) are reused; new ones are
-    appended after every batch, so a run stopped by the time budget or the lease keeps what it made.
+    `cache_path` (a jsonl of {"key", "answer_ids"}, keyed by the target's name and shape, the prompt ids and
+    max_new_tokens) are reused; new ones are appended after every batch, so a run stopped by the time budget or the
+    lease keeps what it made.
 
     Args:
         target: the target `*ForCausalLM` (its device and dtype are used as they are: bf16 on the GPU).
@@ -184,17 +204,20 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
         cache_path: jsonl file of cached answers (created if missing; None = no cache).
         prefill_tokens: prompt tokens per prefill forward across a batch (`batch_greedy`).
     Returns: one list of answer ids per prompt, or None for a prompt not reached within the time budget.
-    Raises: ValueError if `batch_size` or `max_new_tokens` < 1.
+    Raises: ValueError if `batch_size` or `max_new_tokens` < 1, or the tokenizer has no pad and no EOS token.
     Reference: `batch_greedy` (transformers `StaticCache`, 4D masks); transformers `GenerationMixin.generate`.
     """
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
     path = Path(cache_path) if cache_path is not None else None
     cache = _load_cache(path)
-    keys = [_key(list(ids), max_new_tokens) for ids in prompt_ids]
+    name = _target_name(target)
+    keys = [_key(name, list(ids), max_new_tokens) for ids in prompt_ids]
     todo = sorted({k: i for i, k in enumerate(keys) if k not in cache}.values(), key=lambda i: -len(prompt_ids[i]))
     stops = _stop_ids(target, tokenizer) if todo else set()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if todo and pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an EOS token: set tokenizer.pad_token first")
     fallback = todo and batch_greedy_unsupported(target) is not None
     start, skipped = time.perf_counter(), 0
     for first in range(0, len(todo), batch_size):
@@ -214,8 +237,9 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
             with path.open("a", encoding="utf-8") as handle:
                 handle.writelines(json.dumps(r) + "\n" for r in new)
     if skipped:
-        warnings.warn(f"generate_answers: time budget of {time_budget_s} s reached; {skipped} of {len(prompt_ids)} "
-                      "prompts have no answer (raise time_budget_s or lower num_prompts)", stacklevel=3)
+        warnings.warn(f"generate_answers: time budget of {time_budget_s:.1f} s reached; {skipped} of "
+                      f"{len(prompt_ids)} prompts have no answer (raise the time budget, data.mix.chat_time_budget_s, "
+                      "or ask for fewer prompts, data.mix.chat_prompts / chat_long_prompts)", stacklevel=3)
     return [cache.get(k) for k in keys]
 
 

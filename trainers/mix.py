@@ -61,8 +61,8 @@ class MixSpec:
             characters (24k-56k: ~7k-16k tokens), so the draft learns what the target writes with a long cache to
             read, as in a long-context chat (short prompts teach the answers' voice, not that). Generated after the
             short prompts, in batches of as many prompt tokens (chat_batch_size x the short and long maxima's ratio),
-            within what remains of `chat_time_budget_s` (at least `chat_long_budget_share` of it: the short prompts
-            stop before).
+            within what remains of `chat_time_budget_s` (the short prompts start no batch after (1 -
+            `chat_long_budget_share`) of it; the batch running then finishes first).
         chat_long_budget_share: share (0 to 1) of `chat_time_budget_s` kept for the long prompts when there are
             both kinds (0.5: in session 14's lease 1,536 short prompts took the whole 90 s and no long one ran).
         chat_long_prompt_chars: (min, max) characters of document per long prompt.
@@ -143,7 +143,8 @@ class MixSpec:
                                  f"{getattr(self, name)}")
         if isinstance(self.chat_repeat, bool) or not isinstance(self.chat_repeat, int) or self.chat_repeat < 1:
             raise ValueError(f"data.mix.chat_repeat must be an int >= 1, got {self.chat_repeat!r}")
-        if not 0.0 <= self.chat_long_budget_share <= 1.0:
+        share = self.chat_long_budget_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
             raise ValueError(f"data.mix.chat_long_budget_share is a share of chat_time_budget_s in [0, 1], got "
                              f"{self.chat_long_budget_share!r}")
         if self.chat_loss not in ("answer", "all"):

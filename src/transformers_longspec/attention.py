@@ -123,23 +123,25 @@ def packed_gqa_sdpa_forward(module, query: torch.Tensor, key: torch.Tensor, valu
     axis to match: the keys and values are read as they are. Used by `trainers.batch_greedy`.
 
     Args: as transformers attention functions — query (batch, n_heads, q_len, head_dim), key / value
-        (batch, n_kv_heads, kv_len, head_dim), attention_mask (batch, 1, q_len, >= kv_len) additive or bool, or
-        None (causal over the last q_len keys is NOT implied: pass a mask); dropout must be 0.
+        (batch, n_kv_heads, kv_len, head_dim), attention_mask (batch, 1, q_len, >= kv_len) additive or bool; None
+        (no padding: transformers' mask function skips the mask) runs transformers' SDPA, causal as it decides;
+        dropout must be 0.
     Returns: (attn_output (batch, q_len, n_heads, head_dim), None), dtype of `query`.
-    Raises: ValueError for dropout > 0 or n_heads not a multiple of n_kv_heads.
+    Raises: ValueError for dropout > 0 or n_heads not a multiple of n_kv_heads (with a mask).
     Reference: transformers `sdpa_attention_forward` (`repeat_kv`, `use_gqa_in_sdpa`); the GQA packing of
         FlashAttention-2 / FlashDecoding (query heads of one kv head in one program).
     """
+    if attention_mask is None:  # no mask to repeat: transformers' SDPA reads the kv heads as they are (enable_gqa)
+        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
-    if dropout or heads % kv_heads:
-        raise ValueError(f"packed_gqa_sdpa_forward needs dropout 0 and n_heads ({heads}) a multiple of n_kv_heads "
-                         f"({kv_heads}), got dropout {dropout}")
+    if dropout:
+        raise ValueError(f"packed_gqa_sdpa_forward needs dropout 0, got {dropout}")
+    if heads % kv_heads:
+        raise ValueError(f"packed_gqa_sdpa_forward needs n_heads ({heads}) a multiple of n_kv_heads ({kv_heads})")
     group = heads // kv_heads
     packed = query.reshape(batch, kv_heads, group * length, dim)  # head kv * group + j, query t -> row j * length + t
-    mask = None
-    if attention_mask is not None:
-        mask = attention_mask[..., : key.shape[2]].expand(batch, 1, length, key.shape[2]).repeat(1, 1, group, 1)
+    mask = attention_mask[..., : key.shape[2]].expand(batch, 1, length, key.shape[2]).repeat(1, 1, group, 1)
     out = F.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
 

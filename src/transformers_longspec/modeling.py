@@ -208,9 +208,10 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         return draft.eval()
 
     def save_compact(self, path, bits: int = 8) -> str:
-        """Write the draft as ONE safetensors file with its matrices in int8 (one scale per row) or int4 (one scale
-        per 32 columns of a row) and its config in the metadata: about a quarter (int8) or an eighth (int4) of the
-        fp32 folder's size, for a draft kept in a repository or shipped with a package. Load it with
+        """Write the draft as ONE safetensors file with its matrices in int8 (one scale per row) or int4 (one fp16
+        scale per 32 columns of a row; a matrix whose width is not a multiple of 64 stays int8) and its config in the
+        metadata: about a quarter (int8) or a seventh (int4) of the fp32 folder's size, for a draft kept in a
+        repository or shipped with a package. Load it with
         `LongSpecDraft.from_pretrained(path, target_model=target)`. Only the draft's proposals change with the
         rounding; generation stays exact.
 

@@ -43,9 +43,15 @@ def test_answers_stop_after_their_first_stop_token():
 def test_refuses_bad_input_and_rolling_caches():
     target = make_target("llama")
     for prompts, new, match in (([], 4, "at least one prompt"), ([[5], []], 4, "no empty prompt"),
-                                ([[5]], 0, "max_new_tokens")):
+                                ([[5]], 0, "max_new_tokens"), ([[5]], 2.0, "ints >= 1"),
+                                (torch.tensor([[5, 6]]), 4, "not a tensor")):
         with pytest.raises(ValueError, match=match):
             batch_greedy(target, prompts, new)
+    with pytest.raises(ValueError, match="pad_token_id must be a token id"):
+        batch_greedy(target, [[5]], 4, pad_token_id=None)
+    assert batch_greedy(target, [[5, 6]], 6, stop_ids=None) == batch_greedy(target, [[5, 6]], 6)
+    first = batch_greedy(target, [[5, 6]], 6)[0]
+    assert batch_greedy(target, [[5, 6]], 6, stop_ids=first[1]) == [first[: first.index(first[1]) + 1]]
     assert batch_greedy_unsupported(target) is None
     windowed = make_target("mistral", sliding_window=8)
     assert "sliding window of 8" in batch_greedy_unsupported(windowed)

@@ -27,8 +27,11 @@ def test_prompts_name_the_task_and_fence_code():
     assert all(not p.startswith(starts) and any(part.startswith(starts) for part in p.split("\n\n")[1:])
                and "following" not in p for p in after)
     assert any("the Python file above" in p or "the document above" in p for p in after)
-    with pytest.raises(ValueError, match="instruction_after"):
-        chat_prompts(DOCS, 1, instruction_after=1.5)
+    for bad in (1.5, "0.5", None, True):
+        with pytest.raises(ValueError, match="instruction_after"):
+            chat_prompts(DOCS, 1, instruction_after=bad)
+    with pytest.raises(ValueError, match="pass \\['summarize'\\]"):
+        chat_prompts(DOCS, 1, tasks="summarize")
     with pytest.raises(ValueError, match="unknown chat tasks"):
         chat_prompts(DOCS, 1, tasks=["translate"])
 
@@ -55,7 +58,7 @@ def test_batched_answers_equal_one_by_one_greedy_and_are_cached(tmp_path):
     assert len(cache.read_text().splitlines()) == 3
 
     class NoGenerate:  # a second call must come from the cache alone
-        generation_config = target.generation_config
+        generation_config, config = target.generation_config, target.config
 
         def parameters(self):
             return target.parameters()
@@ -66,6 +69,13 @@ def test_batched_answers_equal_one_by_one_greedy_and_are_cached(tmp_path):
     assert generate_answers(NoGenerate(), tok, prompt_ids, 6, 2, cache_path=cache) == answers
     with pytest.warns(UserWarning, match="time budget of -1.0 s reached; 3 of 3 prompts"):
         assert generate_answers(target, tok, prompt_ids, 6, 2, time_budget_s=-1.0) == [None, None, None]
+    other = make_target("qwen2", seed=1, num_hidden_layers=3)  # another target, same tokenizer: its own answers
+    with pytest.warns(UserWarning, match="time budget"):
+        assert generate_answers(other, tok, prompt_ids, 6, 2, time_budget_s=-1.0, cache_path=cache) == [None] * 3
+    with cache.open("a") as handle:
+        handle.write('{"key": "cut sh')  # a run killed while appending
+    with pytest.warns(UserWarning, match="1 unreadable line"):
+        assert generate_answers(NoGenerate(), tok, prompt_ids, 6, 2, cache_path=cache) == answers
 
 
 def test_rows_mask_the_prompt_or_label_everything():

@@ -140,8 +140,9 @@ def test_long_chat_prompts_keep_their_share_of_the_time_budget(tmp_path, fake_si
     stats = mix.CorpusStats(Counter(), Counter())
     rows = mix.chat_rows(spec, make_char_tokenizer(), None, stats)
     assert len(rows) == 4 and 70.0 < budgets[0] <= 75.0 and 95.0 < budgets[1] <= 100.0
-    with pytest.raises(ValueError, match="chat_long_budget_share is a share"):
-        MixSpec(chat_long_budget_share=1.5)
+    for bad in (1.5, "0.5", None, True):
+        with pytest.raises(ValueError, match="chat_long_budget_share is a share"):
+            MixSpec(chat_long_budget_share=bad)
 
 
 def test_mix_recipe_builds_step_items_and_checks_its_settings(tmp_path, fake_site):

@@ -149,7 +149,8 @@ def test_cli_continues_a_feature_draft_with_the_recipes_feature_layers(tmp_path)
     make_char_tokenizer().save_pretrained(tmp_path / "target")
     LongSpecDraft.from_target(target, target_hidden_input=True, sliding_window=16).save_pretrained(tmp_path / "d0")
     recipe = tmp_path / "layers.json"
-    recipe.write_text(json.dumps({**TINY_RECIPE, "draft": {"target_hidden_input": True, "target_feature_layers": [0]}}))
+    section = {"target_hidden_input": True, "target_feature_layers": [0]}
+    recipe.write_text(json.dumps({**TINY_RECIPE, "draft": section}))
     common = ["--target", str(tmp_path / "target"), "--recipe", str(recipe), "--device", "cpu", "--set-data",
               "eval_sequences=0"]
     _run([*common, "--output", str(tmp_path / "d1"), "--draft", str(tmp_path / "d0")])
@@ -158,7 +159,8 @@ def test_cli_continues_a_feature_draft_with_the_recipes_feature_layers(tmp_path)
     ids = torch.randint(3, 99, (1, 12), generator=torch.Generator().manual_seed(0))
     plain = target.generate(ids, do_sample=False, max_new_tokens=8)
     assert torch.equal(target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=8), plain)
-    recipe.write_text(json.dumps({**TINY_RECIPE, "draft": {"target_hidden_input": True, "target_feature_layers": [1]}}))
+    section = {"target_hidden_input": True, "target_feature_layers": [1]}
+    recipe.write_text(json.dumps({**TINY_RECIPE, "draft": section}))
     with pytest.raises(ValueError, match=r"--draft reads target layers \[0\], the recipe asks for \[1\]"):
         _run([*common, "--output", str(tmp_path / "d2"), "--draft", str(tmp_path / "d1")])
 
