@@ -35,9 +35,10 @@ from collections.abc import Sequence
 
 import torch
 
+from ..cache import _round_up
 from ..compat import packed_sdpa_attention
 
-__all__ = ["CAPACITY_STEP", "batch_greedy", "batch_greedy_unsupported"]
+__all__ = ["CAPACITY_STEP", "batch_greedy", "batch_greedy_unsupported", "cut_after_stop", "left_pad"]
 
 CAPACITY_STEP = 512  # cache slots are longest prompt + new tokens rounded up to this
 WARM_UP_STEPS = 2  # eager runs of the step on a side stream before capture
@@ -60,6 +61,21 @@ def batch_greedy_unsupported(target) -> str | None:
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return f"it uses a sliding window of {config.sliding_window} tokens"
     return None
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, list[int]]:
+    """The prompts right-aligned in one (B, W) int64 tensor (W = longest), padded on the left with `pad_token_id`;
+    and each row's padding length (tokens)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+    return ids, [width - len(p) for p in prompts]
+
+
+def cut_after_stop(tokens: list[int], stops: set[int]) -> list[int]:
+    """`tokens` up to and including the first one in `stops` (all of them when none is)."""
+    return tokens[: next((t + 1 for t, token in enumerate(tokens) if token in stops), len(tokens))]
 
 
 def _mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -178,13 +194,10 @@ def batch_greedy(target, prompt_ids: Sequence[Sequence[int]], max_new_tokens: in
     if reason is not None:
         raise ValueError(f"batch_greedy cannot decode this target: {reason}; use target.generate instead")
     device = next(target.parameters()).device
-    batch, width = len(prompt_ids), max(len(p) for p in prompt_ids)
-    capacity = -(-(width + max_new_tokens) // CAPACITY_STEP) * CAPACITY_STEP
-    ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
-    for row, prompt in enumerate(prompt_ids):
-        ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-    pad = torch.tensor([width - len(p) for p in prompt_ids], dtype=torch.long, device=device)
-    decoder = _Decoder(target, batch, capacity, max_new_tokens, stop_ids, device)
+    ids, pads = left_pad(prompt_ids, pad_token_id)
+    capacity = _round_up(ids.shape[1] + max_new_tokens, CAPACITY_STEP)
+    pad = torch.tensor(pads, dtype=torch.long, device=device)
+    decoder = _Decoder(target, len(prompt_ids), capacity, max_new_tokens, stop_ids, device)
     with packed_sdpa_attention(target):
         if cuda_graph and device.type == "cuda":
             decoder.capture(device)
@@ -196,8 +209,4 @@ def batch_greedy(target, prompt_ids: Sequence[Sequence[int]], max_new_tokens: in
                 step()
                 made += 1
     stops = set(stop_ids)
-    answers = []
-    for row in decoder.answers[:, :made].tolist():
-        end = next((t + 1 for t, token in enumerate(row) if token in stops), len(row))
-        answers.append(row[:end])
-    return answers
+    return [cut_after_stop(row, stops) for row in decoder.answers[:, :made].tolist()]

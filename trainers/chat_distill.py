@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .batch_greedy import batch_greedy, batch_greedy_unsupported
+from .batch_greedy import batch_greedy, batch_greedy_unsupported, cut_after_stop, left_pad
 
 __all__ = ["CHAT_TASKS", "chat_distill_rows", "chat_prompts", "generate_answers", "render_prompts"]
 
@@ -247,12 +247,8 @@ def _generate(target, prompts: list[list[int]], max_new_tokens: int, stops: set[
     """Greedy answers by `target.generate` on one left-padded batch (no logits processors), cut after a stop."""
     from transformers import GenerationConfig
 
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
+    ids, pads = left_pad(prompts, pad)
+    mask = (torch.arange(ids.shape[1]) >= torch.tensor(pads).view(-1, 1)).long()  # 0 on the padding
     device = next(target.parameters()).device
     # the model's own generation_config would fill every field a passed one leaves at its default (a hub config's
     # repetition penalty among them): swap in a neutral one for the call
@@ -263,11 +259,7 @@ def _generate(target, prompts: list[list[int]], max_new_tokens: int, stops: set[
         out = target.generate(input_ids=ids.to(device), attention_mask=mask.to(device))
     finally:
         target.generation_config = saved
-    answers = []
-    for row in out[:, width:].tolist():
-        end = next((t + 1 for t, token in enumerate(row) if token in stops), len(row))
-        answers.append(row[:end])
-    return answers
+    return [cut_after_stop(row, stops) for row in out[:, ids.shape[1] :].tolist()]
 
 
 def chat_distill_rows(prompt_ids: Sequence[list[int]], answers: Sequence[list[int] | None], loss: str = "answer",
