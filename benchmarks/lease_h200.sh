@@ -210,7 +210,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
       bash benchmarks/lease_h200.sh smol-train final &
     fi
-    for v in ${SMOL_VARIANTS:-full nolayers nofeature nochat nolong nosoft noinit python}; do
+    for v in ${SMOL_VARIANTS:-full nolayers nofeature nochat nolong nosoft noinit python nearfirst}; do
       bash benchmarks/lease_h200.sh smol-train "$v"
     done
     wait ;;
@@ -223,6 +223,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       nochat) mix_set=', "chat_prompts": 0' ;;
       nolong) mix_set=', "long_rows": 0, "rows_cache": null' ;;  # the shared rows cache holds long rows
       nosoft) extra="--set soft_labels_topk=0" ;;
+      nearfirst) extra="--set noise_weights=[0.4,0.3,0.2,0.1]" ;;  # more of the steps on the first draft levels
       python) mix_set=', "kinds": {"python": 1.0}, "rows_cache": null' ;;  # the data mix: Python sources only
       final) steps=${SMOL_FINAL_STEPS:-2400} minutes=${SMOL_FINAL_MIN:-5} ;;
     esac

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
+from .noisy import check_noise_weights
 from .sharding import TARGET_SHARDING_MODES
 
 __all__ = ["LONGSPEC_DEFAULTS", "LongSpecTrainingArguments"]
@@ -26,6 +27,9 @@ class LongSpecTrainingArguments(TrainingArguments):
             None = the target's `max_position_embeddings`.
         noisy_training (`bool`): draw the noise offset j in [1, noise_max] each step (else j = 1).
         noise_max (`int`): gamma - 1, the largest j (tokens); 4 for the default depth-5 tree.
+        noise_weights (`list[float]` or None): relative probabilities of j = 1..noise_max (None: uniform, as in the
+            paper). j is the tree level a step trains for, and level 1 gates every deeper one: e.g.
+            [0.4, 0.3, 0.2, 0.1] spends more of the steps on the first draft token.
         index_seed (`int` or None): seed of the position-id / noise RNG; None = `seed`. Draws are derived from
             (index_seed, process, global step, micro-step), so a resumed run repeats the draws of an
             uninterrupted one.
@@ -52,9 +56,10 @@ class LongSpecTrainingArguments(TrainingArguments):
         remove_unused_columns (`bool`): must stay False: the LongSpec collators read raw columns (`text`,
             `messages`) that the draft's `forward` does not take.
 
-    Raises: ValueError from `__post_init__` for a negative sink count, non-positive lengths, `noise_max` < 1, an
-        unknown `target_sharding`, `soft_labels_topk` < 0, `soft_labels_weight` outside [0, 1],
-        `draft_vocab_loss` without soft labels or `remove_unused_columns=True`.
+    Raises: ValueError from `__post_init__` for a negative sink count, non-positive lengths, `noise_max` < 1,
+        `noise_weights` that are not `noise_max` non-negative numbers with a positive sum, an unknown
+        `target_sharding`, `soft_labels_topk` < 0, `soft_labels_weight` outside [0, 1], `draft_vocab_loss` without
+        soft labels or `remove_unused_columns=True`.
     Reference: LongSpec §3.2 (Alg. 1 anchor-offset, Alg. 2 flash noisy training); transformers `TrainingArguments`.
     """
 
@@ -79,6 +84,10 @@ class LongSpecTrainingArguments(TrainingArguments):
     )
     noise_max: int = field(
         default=4, metadata={"help": "Largest noise offset j (gamma - 1 for a tree of depth gamma)."}
+    )
+    noise_weights: list[float] | None = field(
+        default=None,
+        metadata={"help": "Relative probabilities of the noise offsets j = 1..noise_max (default: uniform)."},
     )
     index_seed: int | None = field(
         default=None, metadata={"help": "Seed of the anchor-offset / noise draws; default: --seed."}
@@ -125,6 +134,8 @@ class LongSpecTrainingArguments(TrainingArguments):
             raise ValueError(f"max_position must be a positive number of tokens or None, got {self.max_position}")
         if self.noise_max < 1:
             raise ValueError(f"noise_max must be >= 1 (1 = no noise, 4 in the paper), got {self.noise_max}")
+        if self.noise_weights is not None:
+            check_noise_weights(self.noise_weights, self.noise_max)
         if self.target_sharding not in TARGET_SHARDING_MODES:
             raise ValueError(f"target_sharding must be one of {TARGET_SHARDING_MODES}, got {self.target_sharding!r}")
         if self.soft_labels_topk < 0:
@@ -144,7 +155,7 @@ LONGSPEC_DEFAULTS = {
     name: LongSpecTrainingArguments.__dataclass_fields__[name].default
     for name in (
         "anchor_offset", "anchor_sinks", "anchor_max_length", "max_position", "noisy_training", "noise_max",
-        "index_seed", "distill_labels", "soft_labels_topk", "soft_labels_weight", "draft_vocab_loss",
+        "noise_weights", "index_seed", "distill_labels", "soft_labels_topk", "soft_labels_weight", "draft_vocab_loss",
         "loss_chunk_size", "target_sharding",
     )
 }

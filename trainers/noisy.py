@@ -16,24 +16,56 @@ Reference: LongSpec (arXiv 2502.17421) §3.2, Alg. 2 (Flash Noisy Training).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-__all__ = ["mask_noisy_labels", "noise_visibility_mask", "sample_noise_offset"]
+__all__ = ["check_noise_weights", "mask_noisy_labels", "noise_visibility_mask", "sample_noise_offset"]
 
 
-def sample_noise_offset(noise_max: int, generator: torch.Generator | None = None) -> int:
-    """Draw the noise offset j uniformly from {1, ..., noise_max}.
+def sample_noise_offset(noise_max: int, generator: torch.Generator | None = None,
+                        weights: Sequence[float] | None = None) -> int:
+    """Draw the noise offset j from {1, ..., noise_max}: uniformly (the paper), or in proportion to `weights`.
+
+    j is the depth of the tree level the step trains for (level d of a tree reads the target's K/V up to d tokens
+    back), and every level is reached only through the ones above it, so weights that favour small j spend more of
+    the training on the levels that gate τ (e.g. [0.4, 0.3, 0.2, 0.1]).
 
     Args:
         noise_max: the largest offset, gamma - 1 for a tree of depth gamma (4 in the paper); 1 disables noise.
         generator: CPU `torch.Generator` for reproducible draws; None uses the global RNG.
+        weights: None (uniform), or `noise_max` non-negative relative probabilities of j = 1, ..., noise_max
+            (any positive sum; normalised here).
     Returns: j, an int in [1, noise_max] (tokens).
-    Raises: ValueError if `noise_max` < 1 (use 1 for no noise).
-    Reference: LongSpec §3.2, Alg. 2.
+    Raises: ValueError if `noise_max` < 1 (use 1 for no noise), or `weights` is not `noise_max` finite non-negative
+        numbers with a positive sum.
+    Reference: LongSpec §3.2, Alg. 2 (uniform j); the weights are ours.
     """
     if isinstance(noise_max, bool) or not isinstance(noise_max, int) or noise_max < 1:
         raise ValueError(f"noise_max must be an int >= 1 (1 = no noise, 4 in the paper), got {noise_max!r}")
-    return int(torch.randint(1, noise_max + 1, (1,), generator=generator).item())
+    if weights is None:
+        return int(torch.randint(1, noise_max + 1, (1,), generator=generator).item())
+    probabilities = check_noise_weights(weights, noise_max)
+    return int(torch.multinomial(probabilities, 1, generator=generator).item()) + 1
+
+
+def check_noise_weights(weights: Sequence[float], noise_max: int) -> torch.Tensor:
+    """`weights` of `sample_noise_offset` as a (noise_max,) fp64 tensor of probabilities (summing to 1).
+
+    Raises: ValueError naming the problem: not a list of `noise_max` numbers, a negative or non-finite entry, or a
+        zero sum.
+    """
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or any(
+            isinstance(w, bool) or not isinstance(w, (int, float)) for w in weights):
+        raise ValueError(f"noise_weights must be a list of {noise_max} numbers (relative probabilities of j = 1.."
+                         f"{noise_max}), e.g. [0.4, 0.3, 0.2, 0.1]; got {weights!r}")
+    if len(weights) != noise_max:
+        raise ValueError(f"noise_weights has {len(weights)} entries but noise_max is {noise_max}: give one weight per "
+                         f"offset j = 1..{noise_max}")
+    probabilities = torch.tensor([float(w) for w in weights], dtype=torch.float64)
+    if not bool(torch.isfinite(probabilities).all()) or bool((probabilities < 0).any()) or probabilities.sum() <= 0:
+        raise ValueError(f"noise_weights must be finite, >= 0 and not all 0, got {list(weights)}")
+    return probabilities / probabilities.sum()
 
 
 def noise_visibility_mask(length: int, noise_offset: int, device: torch.device | str | None = None) -> torch.Tensor:

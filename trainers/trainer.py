@@ -164,9 +164,9 @@ class LongSpecTrainer(Trainer):
         """Draft next-token loss on the target's KV cache for one (micro-)batch.
 
         In training mode the position ids are anchor-offset (sequences shorter than `anchor_max_length`) and the
-        noise offset j is drawn in [1, noise_max]; in eval mode positions are 0..seq-1 and j = 1, so evaluation
-        losses are comparable across runs. `num_items_in_batch` is unused: the draft returns a per-batch mean and
-        the Trainer divides by the accumulation steps (`LongSpecDraft.accepts_loss_kwargs = False`).
+        noise offset j is drawn in [1, noise_max] (uniformly, or by `noise_weights`); in eval mode positions are
+        0..seq-1 and j = 1, so evaluation losses are comparable across runs. `num_items_in_batch` is unused: the
+        draft returns a per-batch mean and the Trainer divides by the accumulation steps (`LongSpecDraft.accepts_loss_kwargs = False`).
 
         Args:
             model: the (possibly wrapped) draft.
@@ -188,7 +188,7 @@ class LongSpecTrainer(Trainer):
             position_ids = self._position_ids(input_ids, generator)
         noise = 1
         if training and self._option("noisy_training"):
-            noise = sample_noise_offset(self._option("noise_max"), generator)
+            noise = sample_noise_offset(self._option("noise_max"), generator, self._option("noise_weights"))
         keys, values, hidden, labels, top = self._target_pass(input_ids, position_ids, attention_mask, labels)
         soft_weight = self._option("soft_labels_weight") if top is not None else 0.0
         outputs = model(  # with soft labels the hard loss is computed below, from the same LM-head pass

@@ -1,5 +1,7 @@
 """Flash noisy training (LongSpec Alg. 2): noise draws, the reference mask, and the draft's shifted loss."""
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,26 @@ def test_noise_offset_range_and_reproducibility():
     again = [sample_noise_offset(4, torch.Generator().manual_seed(5)) for _ in range(3)]
     assert len(set(again)) == 1
     assert sample_noise_offset(1, g) == 1
+
+
+def test_noise_weights_set_the_offset_frequencies():
+    g = torch.Generator().manual_seed(0)
+    draws = Counter(sample_noise_offset(4, g, [0.4, 0.3, 0.2, 0.1]) for _ in range(4000))
+    assert set(draws) == {1, 2, 3, 4}
+    for j, p in zip((1, 2, 3, 4), (0.4, 0.3, 0.2, 0.1)):
+        assert abs(draws[j] / 4000 - p) < 0.03, draws  # 4.5 standard deviations at p = 0.4
+    assert {sample_noise_offset(4, g, [0, 0, 5, 0]) for _ in range(50)} == {3}  # unnormalised weights are fine
+    again = [sample_noise_offset(4, torch.Generator().manual_seed(5), [1, 2, 3, 4]) for _ in range(3)]
+    assert len(set(again)) == 1
+
+
+@pytest.mark.parametrize("bad,match", [([0.5, 0.5], "has 2 entries but noise_max is 4"),
+                                        ([1, -1, 1, 1], ">= 0"), ([0, 0, 0, 0], "not all 0"),
+                                        ([1, float("nan"), 1, 1], "finite"), ("0.4,0.3,0.2,0.1", "list of 4"),
+                                        ([1, True, 1, 1], "list of 4")])
+def test_noise_weights_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        sample_noise_offset(4, None, bad)
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True])

@@ -122,6 +122,21 @@ def test_positions_and_noise_follow_the_options(tmp_path):
     assert all(torch.equal(p, torch.arange(32).expand_as(p)) for p in seen)  # eval: natural positions
 
 
+def test_noise_weights_choose_the_offset_and_the_run_learns(tmp_path):
+    target = make_target("llama")
+    trainer = _trainer(target, _args(tmp_path, max_steps=4, noise_weights=[0, 0, 1, 0]))
+    offsets = []
+    trainer.model.register_forward_pre_hook(lambda module, args, kwargs: offsets.append(kwargs["noise_offset"]),
+                                            with_kwargs=True)
+    before = trainer.evaluate()["eval_loss"]
+    offsets.clear()
+    trainer.train()
+    assert offsets == [3, 3, 3, 3]  # all the weight on j = 3
+    offsets.clear()
+    after = trainer.evaluate()["eval_loss"]
+    assert offsets == [1] and after < before - 0.3, (offsets, before, after)  # evaluation stays at j = 1
+
+
 def test_long_sequences_keep_natural_positions(tmp_path):
     target = make_target("llama")
     seen = []
@@ -176,6 +191,8 @@ def test_user_errors_are_explained(tmp_path):
         _args(tmp_path, remove_unused_columns=True)
     with pytest.raises(ValueError, match="noise_max"):
         _args(tmp_path, noise_max=0)
+    with pytest.raises(ValueError, match="noise_weights has 3 entries but noise_max is 4"):
+        _args(tmp_path, noise_weights=[0.5, 0.3, 0.2])
 
 
 def test_batch_without_supervised_tokens_is_a_zero_step(tmp_path):
