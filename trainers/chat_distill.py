@@ -182,7 +182,7 @@ def _load_cache(path: Path | None) -> dict[str, list[int]]:
 @torch.no_grad()
 def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new_tokens: int = 384,
                      batch_size: int = 64, time_budget_s: float | None = None, cache_path: str | Path | None = None,
-                     prefill_tokens: int = 16384) -> list[list[int] | None]:
+                     prefill_tokens: int = 16384, batch_seconds: list | None = None) -> list[list[int] | None]:
     """The target's greedy answers (token ids) to chat-templated prompts, batched with left padding, cached.
 
     Prompts are answered longest first in batches of `batch_size` by `batch_greedy` (one static cache per batch,
@@ -200,9 +200,11 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
         prompt_ids: token ids of rendered prompts (`render_prompts`).
         max_new_tokens: answer length at most (tokens).
         batch_size: prompts per batch.
-        time_budget_s: stop starting new batches after this many seconds (None = no limit).
+        time_budget_s: seconds; no batch starts that would end past it if it took as long as the batch before
+            (the first always runs; None = no limit).
         cache_path: jsonl file of cached answers (created if missing; None = no cache).
         prefill_tokens: prompt tokens per prefill forward across a batch (`batch_greedy`).
+        batch_seconds: a list to which each batch's wall time (seconds) is appended (None: not recorded).
     Returns: one list of answer ids per prompt, or None for a prompt not reached within the time budget.
     Raises: ValueError if `batch_size` or `max_new_tokens` < 1, or the tokenizer has no pad and no EOS token.
     Reference: `batch_greedy` (transformers `StaticCache`, 4D masks); transformers `GenerationMixin.generate`.
@@ -219,9 +221,11 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
     if todo and pad is None:
         raise ValueError("the tokenizer has neither a pad nor an EOS token: set tokenizer.pad_token first")
     fallback = todo and batch_greedy_unsupported(target) is not None
-    start, skipped = time.perf_counter(), 0
+    start, skipped, last_s = time.perf_counter(), 0, 0.0
     for first in range(0, len(todo), batch_size):
-        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+        begun = time.perf_counter()
+        # the next batch would end past the budget if it took as long as the last one (prompts run longest first)
+        if time_budget_s is not None and begun - start + last_s > time_budget_s:
             skipped = len(todo) - first
             break
         batch = todo[first : first + batch_size]
@@ -236,6 +240,9 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as handle:
                 handle.writelines(json.dumps(r) + "\n" for r in new)
+        last_s = time.perf_counter() - begun
+        if batch_seconds is not None:
+            batch_seconds.append(last_s)
     if skipped:
         warnings.warn(f"generate_answers: time budget of {time_budget_s:.1f} s reached; {skipped} of "
                       f"{len(prompt_ids)} prompts have no answer (raise the time budget, data.mix.chat_time_budget_s, "

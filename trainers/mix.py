@@ -61,8 +61,8 @@ class MixSpec:
             characters (24k-56k: ~7k-16k tokens), so the draft learns what the target writes with a long cache to
             read, as in a long-context chat (short prompts teach the answers' voice, not that). Generated after the
             short prompts, in batches of as many prompt tokens (chat_batch_size x the short and long maxima's ratio),
-            within what remains of `chat_time_budget_s` (the short prompts start no batch after (1 -
-            `chat_long_budget_share`) of it; the batch running then finishes first).
+            within what remains of `chat_time_budget_s` (the short prompts start no batch that would end past (1 -
+            `chat_long_budget_share`) of it, judged by the previous batch's time).
         chat_long_budget_share: share (0 to 1) of `chat_time_budget_s` kept for the long prompts when there are
             both kinds (0.5: in session 14's lease 1,536 short prompts took the whole 90 s and no long one ran).
         chat_long_prompt_chars: (min, max) characters of document per long prompt.
@@ -305,10 +305,14 @@ def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict
         if budget is not None and not long and spec.chat_long_prompts:  # the long prompts' share is kept for them
             budget *= 1.0 - spec.chat_long_budget_share
         budget = None if budget is None else max(budget - (time.perf_counter() - start), 0.0)
+        seconds = []
         answers = generate_answers(target, tokenizer, prompt_ids, spec.chat_max_new_tokens, batch, budget,
-                                   spec.chat_cache)
+                                   spec.chat_cache, batch_seconds=seconds)
         rows += chat_distill_rows(prompt_ids, answers, spec.chat_loss)
-        stats.documents["chat_long_rows" if long else "chat_rows"] = len(rows) - before
+        name = "chat_long" if long else "chat"
+        stats.documents[f"{name}_rows"] = len(rows) - before
+        stats.documents[f"{name}_batches"] = len(seconds)  # where the generation time went
+        stats.documents[f"{name}_batch_s_max"] = round(max(seconds, default=0.0), 1)
     stats.documents["chat_generate_s"] = round(time.perf_counter() - start, 1)
     return rows
 

@@ -36,6 +36,29 @@ def test_prompts_name_the_task_and_fence_code():
         chat_prompts(DOCS, 1, tasks=["translate"])
 
 
+def test_no_batch_starts_that_the_last_batch_time_says_would_end_past_the_budget(monkeypatch):
+    from transformers_longspec.trainers import chat_distill
+
+    clock = [0.0]
+    monkeypatch.setattr(chat_distill.time, "perf_counter", lambda: clock[0])
+
+    def thirty_seconds(target, prompts, *args):  # a fake batch_greedy on a fake clock
+        clock[0] += 30.0
+        return [[5, 2]] * len(prompts)
+
+    monkeypatch.setattr(chat_distill, "batch_greedy", thirty_seconds)
+    target, tok = make_target("qwen2", seed=1), make_char_tokenizer()
+    prompt_ids = render_prompts(tok, ["one", "two", "three", "four"])
+    seconds = []
+    with pytest.warns(UserWarning, match="time budget of 50.0 s reached; 2 of 4 prompts"):
+        answers = generate_answers(target, tok, prompt_ids, 6, 2, time_budget_s=50.0, batch_seconds=seconds)
+    # the second batch would have started at 30 s < 50 s and ended at 60 s: it does not start
+    assert seconds == [30.0] and sum(a is not None for a in answers) == 2
+    seconds.clear()
+    assert None not in generate_answers(target, tok, prompt_ids, 6, 2, time_budget_s=61.0, batch_seconds=seconds)
+    assert seconds == [30.0, 30.0]
+
+
 def test_render_applies_the_chat_template():
     tok = make_char_tokenizer()
     ids = render_prompts(tok, ["hello"])[0]

@@ -129,8 +129,9 @@ def test_long_chat_prompts_keep_their_share_of_the_time_budget(tmp_path, fake_si
 
     budgets = []
 
-    def fake_answers(target, tokenizer, prompt_ids, max_new_tokens, batch, budget, cache):
+    def fake_answers(target, tokenizer, prompt_ids, max_new_tokens, batch, budget, cache, batch_seconds):
         budgets.append(budget)
+        batch_seconds += [3.0, 4.5]
         return [[5, 2]] * len(prompt_ids)
 
     monkeypatch.setattr(mix, "generate_answers", fake_answers)
@@ -140,6 +141,8 @@ def test_long_chat_prompts_keep_their_share_of_the_time_budget(tmp_path, fake_si
     stats = mix.CorpusStats(Counter(), Counter())
     rows = mix.chat_rows(spec, make_char_tokenizer(), None, stats)
     assert len(rows) == 4 and 70.0 < budgets[0] <= 75.0 and 95.0 < budgets[1] <= 100.0
+    assert stats.documents["chat_batches"] == stats.documents["chat_long_batches"] == 2
+    assert stats.documents["chat_batch_s_max"] == stats.documents["chat_long_batch_s_max"] == 4.5
     for bad in (1.5, "0.5", None, True):
         with pytest.raises(ValueError, match="chat_long_budget_share is a share"):
             MixSpec(chat_long_budget_share=bad)
