@@ -40,6 +40,9 @@ RECIPE=${RECIPE:-qwen2.5-coder-1.5b-mix}
 SMOL_RECIPE=${SMOL_RECIPE:-smollm2-mix}
 DRAFT_SET=${DRAFT_SET:-'{}'}  # over the recipe's draft section
 QWEN_MIX=${QWEN_MIX:-'"short_rows": 24000'}  # over the recipe's data.mix (non-empty: JSON members)
+# the "prose" kind's shares (SmolLM2 variant `prose`; for the Qwen run put them and "prose_roots" in QWEN_MIX), read
+# from .prose (benchmarks/build_prose.py, carried with the launch)
+PROSE_MIX=${PROSE_MIX:-'"kinds": {"python": 0.35, "c_cpp": 0.25, "other_code": 0.05, "docs": 0.2, "prose": 0.15}, "long_kinds": {"python": 0.35, "c_cpp": 0.35, "docs": 0.1, "prose": 0.2}, "chat_kinds": ["python", "c_cpp", "docs", "prose"]'}
 
 phase() {  # phase NAME SECONDS COMMAND...: run COMMAND (killed after SECONDS) with OUT=$L/out/NAME, log the outcome
   local name=$1 limit=$2
@@ -210,7 +213,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
       bash benchmarks/lease_h200.sh smol-train final &
     fi
-    for v in ${SMOL_VARIANTS:-full nolayers nofeature nochat nolong nosoft noinit python nearfirst}; do
+    for v in ${SMOL_VARIANTS:-full nolayers nofeature nochat nolong nosoft noinit python nearfirst prose}; do
       bash benchmarks/lease_h200.sh smol-train "$v"
     done
     wait ;;
@@ -224,6 +227,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       nolong) mix_set=', "long_rows": 0, "rows_cache": null' ;;  # the shared rows cache holds long rows
       nosoft) extra="--set soft_labels_topk=0" ;;
       nearfirst) extra="--set noise_weights=[0.4,0.3,0.2,0.1]" ;;  # more of the steps on the first draft levels
+      prose) mix_set=", \"prose_roots\": [\"$PWD/.prose\"], \"rows_cache\": null, $PROSE_MIX" ;;  # general prose
       python) mix_set=', "kinds": {"python": 1.0}, "rows_cache": null' ;;  # the data mix: Python sources only
       final) steps=${SMOL_FINAL_STEPS:-2400} minutes=${SMOL_FINAL_MIN:-5} ;;
     esac

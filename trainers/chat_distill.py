@@ -57,7 +57,7 @@ _QUESTIONS = {
     ),
 }
 _WHAT = {"python": ("Python file", "python"), "c_cpp": ("C/C++ source file", "cpp"),
-         "other_code": ("source file", ""), "docs": ("document", None)}
+         "other_code": ("source file", ""), "docs": ("document", None), "prose": ("text", None)}
 
 
 def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars: tuple[int, int] = (3000, 9000),
@@ -69,7 +69,7 @@ def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars:
     usually put it; a question always comes last.
 
     Args:
-        documents: (kind, text) pairs, kind one of "python", "c_cpp", "other_code", "docs".
+        documents: (kind, text) pairs, kind one of "python", "c_cpp", "other_code", "docs", "prose".
         count: prompts to build (documents are reused round-robin if there are fewer).
         prompt_chars: (min, max) characters of document per prompt (~3.5 characters per token).
         tasks: names from `CHAT_TASKS`.
@@ -114,7 +114,7 @@ def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars:
         else:
             prompt = f"{instruction}\n\n{body}"
         if task == "question":
-            prompt += f"\n\nQuestion: {rng.choice(_QUESTIONS['docs' if kind == 'docs' else 'code'])}"
+            prompt += f"\n\nQuestion: {rng.choice(_QUESTIONS['docs' if kind in ('docs', 'prose') else 'code'])}"
         prompts.append(prompt)
     return prompts
 

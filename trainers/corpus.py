@@ -7,6 +7,8 @@ Offline and real: every document is a file somebody wrote (or a package's README
     other_code  Rust, Go, JavaScript / TypeScript, shell, Fortran, Java, Julia ... where packages ship them
     docs        prose: .md / .rst / .txt shipped in packages, package READMEs (dist-info METADATA), the docstrings
                 of Python modules joined per file, /usr/share/doc texts and man pages (roff stripped)
+    prose       general text (.txt / .md: books, articles, essays) from folders the caller names, never the installed
+                packages: they ship technical text alone (`benchmarks/build_prose.py` makes such a folder)
 
 Evaluation material (`exclusions.py`) is skipped while scanning, and refused with a ValueError when asked for by
 name or path. Files are deduplicated by content; order is shuffled per package and interleaved across packages so
@@ -47,6 +49,7 @@ KIND_EXTENSIONS = {
     "c_cpp": (".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".hxx", ".inl", ".cu", ".cuh"),
     "other_code": (".rs", ".go", ".js", ".mjs", ".ts", ".sh", ".f90", ".f", ".java", ".jl", ".lua", ".pyx", ".pxd"),
     "docs": (".md", ".rst", ".txt"),
+    "prose": (".txt", ".md"),
 }
 DOC_KINDS = tuple(KIND_EXTENSIONS)
 _SKIP_DIRS = {"__pycache__", ".git", "node_modules", ".mypy_cache"}
@@ -260,16 +263,17 @@ def corpus_documents(kind: str, roots: Sequence[str | os.PathLike] | None = None
     """Yield the documents of one kind found under `roots`, lazily (stop consuming when you have enough).
 
     Args:
-        kind: one of `DOC_KINDS` ("python", "c_cpp", "other_code", "docs").
-        roots: folders to scan; None = `default_roots()` (the installed packages). Each root is checked against
-            the evaluation material first.
+        kind: one of `DOC_KINDS` ("python", "c_cpp", "other_code", "docs", "prose").
+        roots: folders to scan; None = `default_roots()` (the installed packages; not for "prose", which needs
+            folders named here). Each root is checked against the evaluation material first.
         min_chars: skip documents shorter than this (characters); ~30000 for long (8k+ token) rows.
         max_chars: cut longer documents to this many characters (None = whole).
         seed: shuffling seed (per package, then interleaved across packages).
         system_docs: for "docs", also read /usr/share/doc and English man pages.
         stats: a `CorpusStats` to fill (documents yielded, evaluation files skipped, duplicates).
     Yields: str, one document each (UTF-8 files only; undecodable ones skipped).
-    Raises: ValueError for an unknown kind or a root that is evaluation material.
+    Raises: ValueError for an unknown kind, a root that is evaluation material or not a folder, or "prose" without
+        roots.
     Reference: DESIGN.md §5; LongSpec §4.1.
     """
     stats, root_paths = _scan_setup(kind, roots, stats)
@@ -297,6 +301,10 @@ def _scan_setup(kind: str, roots, stats: CorpusStats | None) -> tuple[CorpusStat
     """Check `kind` and the roots (existing folders, none of them evaluation material); the stats to fill."""
     if kind not in KIND_EXTENSIONS:
         raise ValueError(f"unknown document kind {kind!r}; choose from {DOC_KINDS}")
+    if kind == "prose" and not roots:
+        raise ValueError("the prose kind reads only folders you name (data.mix.prose_roots: folders of plain-text "
+                         "books, articles or essays, e.g. made by benchmarks/build_prose.py); the installed packages "
+                         "ship no general prose")
     root_paths = [Path(r) for r in roots] if roots is not None else default_roots()
     for root in root_paths:
         refuse_evaluation(root, "corpus root")
@@ -317,7 +325,7 @@ def repository_documents(kind: str, roots: Sequence[str | os.PathLike] | None = 
 
     Args:
         kind: one of `DOC_KINDS`.
-        roots: folders to scan; None = `default_roots()`.
+        roots: folders to scan; None = `default_roots()` (not for "prose").
         min_chars: characters per document at least (~3.5 characters per token: 40,000 ~ 11k tokens).
         max_chars: cut documents to this many characters.
         per_package: long documents per package at most.
@@ -325,7 +333,7 @@ def repository_documents(kind: str, roots: Sequence[str | os.PathLike] | None = 
         system_docs: for "docs", also /usr/share/doc and man pages (one "package" per doc folder).
         stats: a `CorpusStats` to fill.
     Yields: str, one long document each.
-    Raises: ValueError for an unknown kind or an evaluation-material root.
+    Raises: ValueError for an unknown kind, an evaluation-material root, or "prose" without roots.
     Reference: LongSpec §4.1 (stage 2: long documents, every token labelled).
     """
     stats, root_paths = _scan_setup(kind, roots, stats)
@@ -333,7 +341,7 @@ def repository_documents(kind: str, roots: Sequence[str | os.PathLike] | None = 
     rng = random.Random(seed)
     names = sorted(groups)
     rng.shuffle(names)
-    comment = "#" if kind in ("python", "docs") else "//"
+    comment = "#" if kind in ("python", "docs", "prose") else "//"
     for name in names:
         files = sorted(groups[name])
         stats.files_seen += len(files)

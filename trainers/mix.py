@@ -82,6 +82,9 @@ class MixSpec:
             `longspec train --data-only` scan the corpus before (or beside) the run that trains, and several runs
             share one scan. Chat rows are not in it (their answers have `chat_cache`).
         roots: folders to scan (None = the installed packages); evaluation material is refused.
+        prose_roots: folders of general text (.txt / .md: books, articles, essays) for the kind "prose", which
+            `kinds`, `long_kinds` and `chat_kinds` may name only when this is set (`benchmarks/build_prose.py`
+            makes one from the Brown corpus); evaluation material is refused.
         system_docs: also read /usr/share/doc and man pages for "docs".
         min_chars: shortest document read for short rows (characters).
         eval_items: items of each type (short, long, chat) held out for evaluation.
@@ -114,6 +117,7 @@ class MixSpec:
     jsonl_short_rows: int | None = None
     rows_cache: str | None = None
     roots: list | None = None
+    prose_roots: list = field(default_factory=list)
     system_docs: bool = True
     min_chars: int = 500
     eval_items: int = 1
@@ -153,6 +157,14 @@ class MixSpec:
             refuse_evaluation(path, "data.mix.jsonl")
         for root in self.roots or []:
             refuse_evaluation(root, "data.mix.roots")
+        for root in self.prose_roots:
+            refuse_evaluation(root, "data.mix.prose_roots")
+        asked = [n for n in ("kinds", "long_kinds") if getattr(self, n).get("prose")]
+        asked += ["chat_kinds"] if "prose" in self.chat_kinds else []
+        if asked and not self.prose_roots:
+            raise ValueError(f"data.mix.{' / '.join(asked)} name the kind 'prose', which reads only "
+                             "data.mix.prose_roots: set it to folders of plain-text books, articles or essays "
+                             "(benchmarks/build_prose.py makes one), or drop 'prose'")
 
 
 @dataclass
@@ -217,7 +229,7 @@ def _short_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> list[dict]:
         want = shares[kind] + missing if shares[kind] else 0
         if want == 0:
             continue
-        docs = corpus_documents(kind, spec.roots, spec.min_chars, max_chars=200_000, seed=spec.seed,
+        docs = corpus_documents(kind, _roots(spec, kind), spec.min_chars, max_chars=200_000, seed=spec.seed,
                                 system_docs=spec.system_docs, stats=stats)
         got = pack_texts(docs, tokenizer, spec.short_seq_length, want)
         stats.documents[f"short_rows_{kind}"] = len(got)
@@ -230,7 +242,7 @@ def _long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> list[dict]:
     """Long rows (one long document each, cut to long_seq_length tokens, shorter than long_min_length dropped)."""
     rows = []
     for kind, want in _shares(spec.long_kinds, spec.long_rows).items():
-        docs = repository_documents(kind, spec.roots, min_chars=int(spec.long_seq_length * 4.5),
+        docs = repository_documents(kind, _roots(spec, kind), min_chars=int(spec.long_seq_length * 4.5),
                                     max_chars=int(spec.long_seq_length * 6), seed=spec.seed,
                                     system_docs=spec.system_docs, stats=stats)
         got = 0
@@ -246,14 +258,21 @@ def _long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> list[dict]:
 
 
 _ROW_SETTINGS = ("kinds", "short_rows", "short_seq_length", "long_rows", "long_seq_length", "long_min_length",
-                 "long_kinds", "roots", "system_docs", "min_chars", "seed")
+                 "long_kinds", "roots", "prose_roots", "system_docs", "min_chars", "seed")
+
+
+def _roots(spec: MixSpec, kind: str) -> list | None:
+    """The folders a kind is read from: `prose_roots` for "prose", `roots` (None: the installed packages) else."""
+    return spec.prose_roots if kind == "prose" else spec.roots
 
 
 def _rows_key(spec: MixSpec, tokenizer) -> dict:
     """What the short and long rows depend on: their settings and the tokenizer (a digest of its vocabulary, equal for
-    a tokenizer read from a GGUF file and its `save_pretrained` copy)."""
+    a tokenizer read from a GGUF file and its `save_pretrained` copy). An empty `prose_roots` is left out, so caches
+    written before it existed stay valid."""
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode()
-    return {**{k: getattr(spec, k) for k in _ROW_SETTINGS}, "tokenizer": hashlib.sha256(vocab).hexdigest()}
+    key = {k: getattr(spec, k) for k in _ROW_SETTINGS if k != "prose_roots" or spec.prose_roots}
+    return {**key, "tokenizer": hashlib.sha256(vocab).hexdigest()}
 
 
 def short_and_long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> tuple[list[dict], list[dict]]:
@@ -323,11 +342,11 @@ def _chat_documents(spec: MixSpec, count: int, chars, long: bool, stats: CorpusS
     per_kind, documents = max(1, count // max(len(spec.chat_kinds), 1)), []
     for kind in spec.chat_kinds:
         if long:
-            docs = repository_documents(kind, spec.roots, min_chars=chars[0], max_chars=2 * chars[1],
+            docs = repository_documents(kind, _roots(spec, kind), min_chars=chars[0], max_chars=2 * chars[1],
                                         seed=spec.seed + 2, stats=stats)
         else:
-            docs = corpus_documents(kind, spec.roots, min_chars=chars[0], max_chars=100_000, seed=spec.seed + 1,
-                                    system_docs=spec.system_docs, stats=stats)
+            docs = corpus_documents(kind, _roots(spec, kind), min_chars=chars[0], max_chars=100_000,
+                                    seed=spec.seed + 1, system_docs=spec.system_docs, stats=stats)
         documents.extend((kind, d) for d in itertools.islice(docs, per_kind))
     random.Random(spec.seed).shuffle(documents)
     if not documents:

