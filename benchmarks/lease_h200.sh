@@ -27,7 +27,7 @@
 #            bundled draft's, and the bundled draft's successor (SMOL_FINAL_MIN minutes; SMOL_FINAL=0: neither)
 #   tau      the Qwen draft: tree + retrieval and chain (TAU_CONFIGS) on held-out + public documents, 2 per bucket
 #            (TAU_BUCKETS, default 8192,16384,30000); beside it (TAU4_S > 0) tau4: its int4 copy, tree + retrieval
-#   bench    every greedy method end to end in one process, alone on the GPU
+#   bench    every greedy method end to end in one process, alone on the GPU (BENCH_S=0: none)
 # Set LONGSPEC_COMMIT on the launch command line; carry .evaldata (public jsonl + heldout.jsonl).
 # DRY=1: the same pipeline on a CPU in minutes (tiny data and steps, 2k-token prompts, 16 new tokens; HOME pointing at
 # a folder with stage/qwen2.5-coder-1.5b-instruct.gguf and stage/smollm2-135m-instruct.gguf, any small GGUFs).
@@ -120,7 +120,7 @@ case "${1:-}" in
     [ "${TAU_S:-160}" = 0 ] || phase tau "$(( ${TAU_S:-160} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
     [ -z "$tau4_pid" ] || wait "$tau4_pid"
     [ -z "$smol_pid" ] || wait "$smol_pid"
-    phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
+    [ "${BENCH_S:-180}" = 0 ] || phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
   pipeline-smol)  # SmolLM2 alone (a lease too short for staging the Qwen target): GPU tests, drafts, bench
     export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown} DRY
