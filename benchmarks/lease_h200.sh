@@ -213,7 +213,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
       bash benchmarks/lease_h200.sh smol-train final &
     fi
-    for v in ${SMOL_VARIANTS:-full nolayers nofeature nochat nolong nosoft noinit python nearfirst prose}; do
+    for v in ${SMOL_VARIANTS:-full nolayers nofeature nochat nolong nosoft noinit python nearfirst alloffsets prose}; do
       bash benchmarks/lease_h200.sh smol-train "$v"
     done
     wait ;;
@@ -227,6 +227,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       nolong) mix_set=', "long_rows": 0, "rows_cache": null' ;;  # the shared rows cache holds long rows
       nosoft) extra="--set soft_labels_topk=0" ;;
       nearfirst) extra="--set noise_weights=[0.4,0.3,0.2,0.1]" ;;  # more of the steps on the first draft levels
+      alloffsets) extra="--set noise_offsets_per_step=4" ;;  # every tree level every step, one target pass
       prose) mix_set=", \"prose_roots\": [\"$PWD/.prose\"], \"rows_cache\": null, $PROSE_MIX" ;;  # general prose
       python) mix_set=', "kinds": {"python": 1.0}, "rows_cache": null' ;;  # the data mix: Python sources only
       final) steps=${SMOL_FINAL_STEPS:-2400} minutes=${SMOL_FINAL_MIN:-5} ;;

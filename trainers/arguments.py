@@ -30,6 +30,9 @@ class LongSpecTrainingArguments(TrainingArguments):
         noise_weights (`list[float]` or None): relative probabilities of j = 1..noise_max (None: uniform, as in the
             paper). j is the tree level a step trains for, and level 1 gates every deeper one: e.g.
             [0.4, 0.3, 0.2, 0.1] spends more of the steps on the first draft token.
+        noise_offsets_per_step (`int`): distinct offsets j trained per step, on one pass of the frozen target (its
+            forward is the largest part of a step); the loss is their mean. 1 = the paper's one offset per step;
+            `noise_max` = every tree level every step.
         index_seed (`int` or None): seed of the position-id / noise RNG; None = `seed`. Draws are derived from
             (index_seed, process, global step, micro-step), so a resumed run repeats the draws of an
             uninterrupted one.
@@ -57,7 +60,8 @@ class LongSpecTrainingArguments(TrainingArguments):
             `messages`) that the draft's `forward` does not take.
 
     Raises: ValueError from `__post_init__` for a negative sink count, non-positive lengths, `noise_max` < 1,
-        `noise_weights` that are not `noise_max` non-negative numbers with a positive sum, an unknown
+        `noise_weights` that are not `noise_max` non-negative numbers with a positive sum,
+        `noise_offsets_per_step` outside [1, noise_max] (or above the non-zero weights), an unknown
         `target_sharding`, `soft_labels_topk` < 0, `soft_labels_weight` outside [0, 1], `draft_vocab_loss` without
         soft labels or `remove_unused_columns=True`.
     Reference: LongSpec §3.2 (Alg. 1 anchor-offset, Alg. 2 flash noisy training); transformers `TrainingArguments`.
@@ -88,6 +92,9 @@ class LongSpecTrainingArguments(TrainingArguments):
     noise_weights: list[float] | None = field(
         default=None,
         metadata={"help": "Relative probabilities of the noise offsets j = 1..noise_max (default: uniform)."},
+    )
+    noise_offsets_per_step: int = field(
+        default=1, metadata={"help": "Distinct noise offsets trained per step on one target pass (loss: their mean)."}
     )
     index_seed: int | None = field(
         default=None, metadata={"help": "Seed of the anchor-offset / noise draws; default: --seed."}
@@ -136,6 +143,11 @@ class LongSpecTrainingArguments(TrainingArguments):
             raise ValueError(f"noise_max must be >= 1 (1 = no noise, 4 in the paper), got {self.noise_max}")
         if self.noise_weights is not None:
             check_noise_weights(self.noise_weights, self.noise_max)
+        nonzero = self.noise_max if self.noise_weights is None else sum(w > 0 for w in self.noise_weights)
+        if isinstance(self.noise_offsets_per_step, bool) or not isinstance(self.noise_offsets_per_step, int) or not (
+                1 <= self.noise_offsets_per_step <= nonzero):
+            raise ValueError(f"noise_offsets_per_step must be an int in [1, {nonzero}] (noise_max, or the non-zero "
+                             f"noise_weights), got {self.noise_offsets_per_step!r}")
         if self.target_sharding not in TARGET_SHARDING_MODES:
             raise ValueError(f"target_sharding must be one of {TARGET_SHARDING_MODES}, got {self.target_sharding!r}")
         if self.soft_labels_topk < 0:
@@ -155,7 +167,7 @@ LONGSPEC_DEFAULTS = {
     name: LongSpecTrainingArguments.__dataclass_fields__[name].default
     for name in (
         "anchor_offset", "anchor_sinks", "anchor_max_length", "max_position", "noisy_training", "noise_max",
-        "noise_weights", "index_seed", "distill_labels", "soft_labels_topk", "soft_labels_weight", "draft_vocab_loss",
+        "noise_weights", "noise_offsets_per_step", "index_seed", "distill_labels", "soft_labels_topk", "soft_labels_weight", "draft_vocab_loss",
         "loss_chunk_size", "target_sharding",
     )
 }

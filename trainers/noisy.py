@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["check_noise_weights", "mask_noisy_labels", "noise_visibility_mask", "sample_noise_offset"]
+__all__ = ["check_noise_weights", "mask_noisy_labels", "noise_visibility_mask", "sample_noise_offset",
+           "sample_noise_offsets"]
 
 
 def sample_noise_offset(noise_max: int, generator: torch.Generator | None = None,
@@ -47,6 +48,36 @@ def sample_noise_offset(noise_max: int, generator: torch.Generator | None = None
         return int(torch.randint(1, noise_max + 1, (1,), generator=generator).item())
     probabilities = check_noise_weights(weights, noise_max)
     return int(torch.multinomial(probabilities, 1, generator=generator).item()) + 1
+
+
+def sample_noise_offsets(noise_max: int, count: int, generator: torch.Generator | None = None,
+                         weights: Sequence[float] | None = None) -> list[int]:
+    """Draw `count` distinct noise offsets from {1, ..., noise_max}, in proportion to `weights` (None: uniform).
+
+    Several offsets per step train several tree levels on one pass of the frozen target (`noise_offsets_per_step`):
+    the target's forward, the largest part of a training step, is shared by them. `count` = 1 is one draw of
+    `sample_noise_offset` (the same random stream).
+
+    Args:
+        noise_max: the largest offset (tokens).
+        count: offsets to draw, 1 <= count <= noise_max (and at most the number of non-zero weights).
+        generator: CPU `torch.Generator` for reproducible draws; None uses the global RNG.
+        weights: as in `sample_noise_offset`.
+    Returns: `count` distinct ints in [1, noise_max], in drawing order.
+    Raises: ValueError for a count outside [1, noise_max] or above the non-zero weights, or bad `noise_max` /
+        `weights` (see `sample_noise_offset`).
+    Reference: LongSpec §3.2, Alg. 2 (one offset per step); several per step are ours.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= max(noise_max, 1):
+        raise ValueError(f"noise_offsets_per_step must be an int in [1, noise_max={noise_max}], got {count!r}")
+    if count == 1:
+        return [sample_noise_offset(noise_max, generator, weights)]
+    probabilities = torch.ones(noise_max, dtype=torch.float64) if weights is None else check_noise_weights(
+        weights, noise_max)
+    if int((probabilities > 0).sum()) < count:
+        raise ValueError(f"noise_offsets_per_step={count} needs at least {count} non-zero noise_weights, got "
+                         f"{list(weights)}")
+    return [int(j) + 1 for j in torch.multinomial(probabilities, count, replacement=False, generator=generator)]
 
 
 def check_noise_weights(weights: Sequence[float], noise_max: int) -> torch.Tensor:

@@ -4,6 +4,7 @@ Each step:
 
     positions = anchor_offset_position_ids(...)            # short sequences only (Alg. 1); else 0..seq-1
     j         = sample_noise_offset(noise_max)              # flash noisy training (Alg. 2); 1 = no noise
+                                                            # (noise_offsets_per_step > 1: several j, mean loss)
     K, V      = target's last-layer KV cache at `positions` # frozen target, no_grad, decoder only (no LM head)
     labels    = the target's greedy next tokens             # only with distill_labels (self-distillation)
     loss      = draft(input_ids, K, V, position_ids=positions, labels=labels, noise_offset=j,
@@ -37,7 +38,7 @@ from transformers_longspec.modeling import LongSpecDraft
 
 from .anchor_offset import anchor_offset_position_ids
 from .arguments import LONGSPEC_DEFAULTS, LongSpecTrainingArguments
-from .noisy import sample_noise_offset
+from .noisy import sample_noise_offsets
 from .sharding import shard_target, target_is_sharded, wants_target_sharding
 from .soft_labels import draft_vocab_loss_parts, require_draft_vocabulary, soft_distill_loss, target_topk
 
@@ -164,8 +165,9 @@ class LongSpecTrainer(Trainer):
         """Draft next-token loss on the target's KV cache for one (micro-)batch.
 
         In training mode the position ids are anchor-offset (sequences shorter than `anchor_max_length`) and the
-        noise offset j is drawn in [1, noise_max] (uniformly, or by `noise_weights`); in eval mode positions are
-        0..seq-1 and j = 1, so evaluation losses are comparable across runs. `num_items_in_batch` is unused: the
+        noise offsets j are drawn in [1, noise_max] (`noise_offsets_per_step` of them, uniformly or by
+        `noise_weights`; the loss is their mean over one target pass); in eval mode positions are 0..seq-1 and j = 1,
+        so evaluation losses are comparable across runs. `num_items_in_batch` is unused: the
         draft returns a per-batch mean and the Trainer divides by the accumulation steps (`LongSpecDraft.accepts_loss_kwargs = False`).
 
         Args:
@@ -186,23 +188,15 @@ class LongSpecTrainer(Trainer):
         position_ids = inputs.get("position_ids")
         if position_ids is None:
             position_ids = self._position_ids(input_ids, generator)
-        noise = 1
+        offsets = [1]
         if training and self._option("noisy_training"):
-            noise = sample_noise_offset(self._option("noise_max"), generator, self._option("noise_weights"))
+            offsets = sample_noise_offsets(self._option("noise_max"), self._option("noise_offsets_per_step"),
+                                           generator, self._option("noise_weights"))
         keys, values, hidden, labels, top = self._target_pass(input_ids, position_ids, attention_mask, labels)
-        soft_weight = self._option("soft_labels_weight") if top is not None else 0.0
-        outputs = model(  # with soft labels the hard loss is computed below, from the same LM-head pass
-            input_ids=input_ids, target_keys=keys, target_values=values, position_ids=position_ids,
-            labels=labels if top is None else None, noise_offset=noise,
-            target_hidden=hidden if unwrap_draft(model).config.target_hidden_input else None,
-            loss_chunk_size=self._option("loss_chunk_size"),
-        )
-        if top is not None:
-            lm_logits, targets = unwrap_draft(model).lm_logits, (*top, labels)
-            if self._option("draft_vocab_loss"):  # the softmax over the draft's vocabulary + the batch's tokens
-                lm_logits, targets = draft_vocab_loss_parts(unwrap_draft(model), input_ids, *targets)
-            outputs["loss"] = soft_distill_loss(lm_logits, outputs.hidden_states, *targets, noise,
-                                                self._option("loss_chunk_size"), soft_weight)
+        losses = [self._draft_loss(model, input_ids, position_ids, keys, values, hidden, labels, top, j)
+                  for j in offsets]  # every offset reads the same target pass
+        outputs = losses[-1]
+        outputs["loss"] = sum(o.loss for o in losses) / len(losses)
         loss = outputs.loss  # stays in the graph (zero) when a batch has no supervised token
         if training and not bool((labels[:, 1:] != -100).any()):
             logger.warning_once("LongSpecTrainer: a batch has no supervised tokens (all labels -100); check the data")
@@ -220,6 +214,22 @@ class LongSpecTrainer(Trainer):
         return loss.detach(), None, None
 
     # ------------------------------------------------------------------ helpers (not Trainer hooks)
+    def _draft_loss(self, model, input_ids, position_ids, keys, values, hidden, labels, top, noise: int):
+        """The draft's `LongSpecDraftOutput` at noise offset `noise`, its loss hard or hard + soft (`soft_labels`)."""
+        outputs = model(  # with soft labels the hard loss is computed below, from the same LM-head pass
+            input_ids=input_ids, target_keys=keys, target_values=values, position_ids=position_ids,
+            labels=labels if top is None else None, noise_offset=noise,
+            target_hidden=hidden if unwrap_draft(model).config.target_hidden_input else None,
+            loss_chunk_size=self._option("loss_chunk_size"),
+        )
+        if top is not None:
+            lm_logits, targets = unwrap_draft(model).lm_logits, (*top, labels)
+            if self._option("draft_vocab_loss"):  # the softmax over the draft's vocabulary + the batch's tokens
+                lm_logits, targets = draft_vocab_loss_parts(unwrap_draft(model), input_ids, *targets)
+            outputs["loss"] = soft_distill_loss(lm_logits, outputs.hidden_states, *targets, noise,
+                                                self._option("loss_chunk_size"), self._option("soft_labels_weight"))
+        return outputs
+
     def _target_pass(self, input_ids, position_ids, attention_mask, labels):
         """The frozen target's last-layer K/V, final hidden states, the labels to train on, and its top-k (soft
         distillation) or None.

@@ -15,6 +15,7 @@ from transformers_longspec.trainers import (
     sample_noise_offset,
     target_last_layer_kv,
 )
+from transformers_longspec.trainers.noisy import sample_noise_offsets
 
 from tiny_models import make_target
 
@@ -37,6 +38,21 @@ def test_noise_weights_set_the_offset_frequencies():
     assert {sample_noise_offset(4, g, [0, 0, 5, 0]) for _ in range(50)} == {3}  # unnormalised weights are fine
     again = [sample_noise_offset(4, torch.Generator().manual_seed(5), [1, 2, 3, 4]) for _ in range(3)]
     assert len(set(again)) == 1
+
+
+def test_several_offsets_per_step_are_distinct_and_follow_the_weights():
+    g = torch.Generator().manual_seed(0)
+    draws = [sample_noise_offsets(4, 2, g, [1, 1, 1, 0]) for _ in range(300)]
+    assert all(len(set(d)) == 2 and set(d) <= {1, 2, 3} for d in draws)
+    assert Counter(j for d in draws for j in d).keys() == {1, 2, 3}
+    assert sorted(sample_noise_offsets(4, 4, g)) == [1, 2, 3, 4]
+    one = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert sample_noise_offsets(4, 1, one[0]) == [sample_noise_offset(4, one[1])]  # one offset: the same stream
+    with pytest.raises(ValueError, match="needs at least 3 non-zero noise_weights"):
+        sample_noise_offsets(4, 3, g, [1, 1, 0, 0])
+    for bad in (0, 5, 1.0, True):
+        with pytest.raises(ValueError, match=r"noise_offsets_per_step must be an int in \[1, noise_max=4\]"):
+            sample_noise_offsets(4, bad)
 
 
 @pytest.mark.parametrize("bad,match", [([0.5, 0.5], "has 2 entries but noise_max is 4"),

@@ -137,6 +137,33 @@ def test_noise_weights_choose_the_offset_and_the_run_learns(tmp_path):
     assert offsets == [1] and after < before - 0.3, (offsets, before, after)  # evaluation stays at j = 1
 
 
+def test_several_offsets_per_step_share_one_target_pass_and_average_their_losses(tmp_path):
+    target = make_target("llama")
+    args = _args(tmp_path, noise_offsets_per_step=2, noise_weights=[1, 1, 0, 0], anchor_offset=False,
+                 soft_labels_topk=4, soft_labels_weight=0.5, distill_labels=True)
+    trainer = _trainer(target, args)
+    offsets, target_passes = [], []
+    trainer.model.register_forward_pre_hook(lambda module, a, kwargs: offsets.append(kwargs["noise_offset"]),
+                                            with_kwargs=True)
+    target.get_decoder().register_forward_pre_hook(lambda module, a: target_passes.append(1))
+    batch = TokenCollator(pad_token_id=0)(ROWS)
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, batch)
+    assert sorted(offsets) == [1, 2] and len(target_passes) == 1
+    singles = []
+    for j in (1, 2):  # each offset alone, through the same helper, on the same target pass
+        parts = trainer._target_pass(batch["input_ids"], torch.arange(32).expand(4, 32), None, batch["input_ids"])
+        singles.append(trainer._draft_loss(trainer.model, batch["input_ids"], torch.arange(32).expand(4, 32),
+                                           *parts, j).loss)
+    torch.testing.assert_close(loss, (singles[0] + singles[1]) / 2)
+    assert not torch.isclose(singles[0], singles[1])  # the two offsets are two different losses
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    assert trainer.evaluate()["eval_loss"] < before - 0.3
+    with pytest.raises(ValueError, match=r"noise_offsets_per_step must be an int in \[1, 2\]"):
+        _args(tmp_path, noise_offsets_per_step=3, noise_weights=[1, 1, 0, 0])
+
+
 def test_long_sequences_keep_natural_positions(tmp_path):
     target = make_target("llama")
     seen = []
