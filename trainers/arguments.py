@@ -139,10 +139,14 @@ class LongSpecTrainingArguments(TrainingArguments):
             raise ValueError(f"anchor_max_length must be a positive number of tokens, got {self.anchor_max_length}")
         if self.max_position is not None and self.max_position < 1:
             raise ValueError(f"max_position must be a positive number of tokens or None, got {self.max_position}")
-        if self.noise_max < 1:
-            raise ValueError(f"noise_max must be >= 1 (1 = no noise, 4 in the paper), got {self.noise_max}")
+        if isinstance(self.noise_max, bool) or not isinstance(self.noise_max, int) or self.noise_max < 1:
+            raise ValueError(f"noise_max must be an int >= 1 (1 = no noise, 4 in the paper), got {self.noise_max!r}")
         if self.noise_weights is not None:
             check_noise_weights(self.noise_weights, self.noise_max)
+        if not self.noisy_training and (self.noise_weights is not None or self.noise_offsets_per_step != 1):
+            raise ValueError("noise_weights / noise_offsets_per_step choose the noise offsets of noisy training, which "
+                             "noisy_training=False turns off (every step at j = 1): drop them or set "
+                             "noisy_training=True")
         nonzero = self.noise_max if self.noise_weights is None else sum(w > 0 for w in self.noise_weights)
         if isinstance(self.noise_offsets_per_step, bool) or not isinstance(self.noise_offsets_per_step, int) or not (
                 1 <= self.noise_offsets_per_step <= nonzero):

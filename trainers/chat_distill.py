@@ -200,17 +200,22 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
         prompt_ids: token ids of rendered prompts (`render_prompts`).
         max_new_tokens: answer length at most (tokens).
         batch_size: prompts per batch.
-        time_budget_s: seconds; no batch starts that would end past it if it took as long as the batch before
-            (the first always runs; None = no limit).
+        time_budget_s: seconds (None = no limit); no batch starts once this much time has passed, or would have
+            passed by its end if it took as long as the batch before (a budget of 0 or less answers nothing).
         cache_path: jsonl file of cached answers (created if missing; None = no cache).
         prefill_tokens: prompt tokens per prefill forward across a batch (`batch_greedy`).
-        batch_seconds: a list to which each batch's wall time (seconds) is appended (None: not recorded).
+        batch_seconds: a list to which each batch's wall time (seconds, its cache write included) is appended
+            (None: not recorded).
     Returns: one list of answer ids per prompt, or None for a prompt not reached within the time budget.
-    Raises: ValueError if `batch_size` or `max_new_tokens` < 1, or the tokenizer has no pad and no EOS token.
+    Raises: ValueError if `batch_size` or `max_new_tokens` < 1, `batch_seconds` is neither None nor a list, or the
+        tokenizer has no pad and no EOS token.
     Reference: `batch_greedy` (transformers `StaticCache`, 4D masks); transformers `GenerationMixin.generate`.
     """
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
+    if batch_seconds is not None and not isinstance(batch_seconds, list):
+        raise ValueError(f"batch_seconds is a list to append each batch's seconds to (or None), got "
+                         f"{type(batch_seconds).__name__}")
     path = Path(cache_path) if cache_path is not None else None
     cache = _load_cache(path)
     name = _target_name(target)
@@ -244,7 +249,7 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
         if batch_seconds is not None:
             batch_seconds.append(last_s)
     if skipped:
-        warnings.warn(f"generate_answers: time budget of {time_budget_s:.1f} s reached; {skipped} of "
+        warnings.warn(f"generate_answers: time budget of {time_budget_s:.3g} s reached; {skipped} of "
                       f"{len(prompt_ids)} prompts have no answer (raise the time budget, data.mix.chat_time_budget_s, "
                       "or ask for fewer prompts, data.mix.chat_prompts / chat_long_prompts)", stacklevel=3)
     return [cache.get(k) for k in keys]

@@ -16,8 +16,10 @@ Reference: LongSpec (arXiv 2502.17421) §3.2, Alg. 2 (Flash Noisy Training).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 __all__ = ["check_noise_weights", "mask_noisy_labels", "noise_visibility_mask", "sample_noise_offset",
@@ -83,20 +85,35 @@ def sample_noise_offsets(noise_max: int, count: int, generator: torch.Generator 
 def check_noise_weights(weights: Sequence[float], noise_max: int) -> torch.Tensor:
     """`weights` of `sample_noise_offset` as a (noise_max,) fp64 tensor of probabilities (summing to 1).
 
-    Raises: ValueError naming the problem: not a list of `noise_max` numbers, a negative or non-finite entry, or a
-        zero sum.
+    Args: weights: a list or tuple of real numbers (Python or numpy scalars), one per offset j = 1..noise_max.
+        noise_max: the largest offset.
+    Raises: ValueError naming the problem: not a list of `noise_max` real numbers (booleans included), an entry
+        that is negative, infinite, NaN or too large for a float, or weights that sum to 0 (or overflow).
     """
-    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or any(
-            isinstance(w, bool) or not isinstance(w, (int, float)) for w in weights):
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
         raise ValueError(f"noise_weights must be a list of {noise_max} numbers (relative probabilities of j = 1.."
                          f"{noise_max}), e.g. [0.4, 0.3, 0.2, 0.1]; got {weights!r}")
+    if any(isinstance(w, (bool, np.bool_)) for w in weights):
+        raise ValueError(f"noise_weights holds booleans {list(weights)}: give numbers, e.g. 1.0 and 0.0")
+    if any(not isinstance(w, numbers.Real) for w in weights):
+        raise ValueError(f"noise_weights must be a list of {noise_max} real numbers, got {list(weights)}")
     if len(weights) != noise_max:
         raise ValueError(f"noise_weights has {len(weights)} entries but noise_max is {noise_max}: give one weight per "
                          f"offset j = 1..{noise_max}")
-    probabilities = torch.tensor([float(w) for w in weights], dtype=torch.float64)
-    if not bool(torch.isfinite(probabilities).all()) or bool((probabilities < 0).any()) or probabilities.sum() <= 0:
-        raise ValueError(f"noise_weights must be finite, >= 0 and not all 0, got {list(weights)}")
-    return probabilities / probabilities.sum()
+    try:
+        probabilities = torch.tensor([float(w) for w in weights], dtype=torch.float64)
+    except OverflowError:
+        raise ValueError(f"noise_weights {list(weights)} has an entry too large for a float: scale them down "
+                         "(only their ratios matter)") from None
+    if not bool(torch.isfinite(probabilities).all()):
+        raise ValueError(f"noise_weights must be finite numbers, got {list(weights)}")
+    if bool((probabilities < 0).any()):
+        raise ValueError(f"noise_weights must be >= 0 (relative probabilities), got {list(weights)}")
+    total = probabilities.sum()
+    if not bool(torch.isfinite(total)) or total <= 0:
+        raise ValueError(f"noise_weights must have a positive, finite sum (not all 0, not so large that the sum "
+                         f"overflows; only their ratios matter), got {list(weights)}")
+    return probabilities / total
 
 
 def noise_visibility_mask(length: int, noise_offset: int, device: torch.device | str | None = None) -> torch.Tensor:

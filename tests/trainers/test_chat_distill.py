@@ -50,13 +50,15 @@ def test_no_batch_starts_that_the_last_batch_time_says_would_end_past_the_budget
     target, tok = make_target("qwen2", seed=1), make_char_tokenizer()
     prompt_ids = render_prompts(tok, ["one", "two", "three", "four"])
     seconds = []
-    with pytest.warns(UserWarning, match="time budget of 50.0 s reached; 2 of 4 prompts"):
+    with pytest.warns(UserWarning, match="time budget of 50 s reached; 2 of 4 prompts"):
         answers = generate_answers(target, tok, prompt_ids, 6, 2, time_budget_s=50.0, batch_seconds=seconds)
     # the second batch would have started at 30 s < 50 s and ended at 60 s: it does not start
     assert seconds == [30.0] and sum(a is not None for a in answers) == 2
     seconds.clear()
     assert None not in generate_answers(target, tok, prompt_ids, 6, 2, time_budget_s=61.0, batch_seconds=seconds)
     assert seconds == [30.0, 30.0]
+    with pytest.raises(ValueError, match="batch_seconds is a list to append each batch's seconds to"):
+        generate_answers(target, tok, prompt_ids, 6, 2, batch_seconds=())
 
 
 def test_render_applies_the_chat_template():
@@ -90,7 +92,7 @@ def test_batched_answers_equal_one_by_one_greedy_and_are_cached(tmp_path):
             raise AssertionError("generate called although every answer is cached")
 
     assert generate_answers(NoGenerate(), tok, prompt_ids, 6, 2, cache_path=cache) == answers
-    with pytest.warns(UserWarning, match="time budget of -1.0 s reached; 3 of 3 prompts"):
+    with pytest.warns(UserWarning, match="time budget of -1 s reached; 3 of 3 prompts"):
         assert generate_answers(target, tok, prompt_ids, 6, 2, time_budget_s=-1.0) == [None, None, None]
     other = make_target("qwen2", seed=1, num_hidden_layers=3)  # another target, same tokenizer: its own answers
     with pytest.warns(UserWarning, match="time budget"):

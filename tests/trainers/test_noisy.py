@@ -2,6 +2,7 @@
 
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,7 @@ def test_noise_weights_set_the_offset_frequencies():
     for j, p in zip((1, 2, 3, 4), (0.4, 0.3, 0.2, 0.1)):
         assert abs(draws[j] / 4000 - p) < 0.03, draws  # 4.5 standard deviations at p = 0.4
     assert {sample_noise_offset(4, g, [0, 0, 5, 0]) for _ in range(50)} == {3}  # unnormalised weights are fine
+    assert sample_noise_offset(4, g, [np.float32(0), np.float64(0), 1, np.int64(0)]) == 3  # numpy scalars too
     again = [sample_noise_offset(4, torch.Generator().manual_seed(5), [1, 2, 3, 4]) for _ in range(3)]
     assert len(set(again)) == 1
 
@@ -56,9 +58,10 @@ def test_several_offsets_per_step_are_distinct_and_follow_the_weights():
 
 
 @pytest.mark.parametrize("bad,match", [([0.5, 0.5], "has 2 entries but noise_max is 4"),
-                                        ([1, -1, 1, 1], ">= 0"), ([0, 0, 0, 0], "not all 0"),
-                                        ([1, float("nan"), 1, 1], "finite"), ("0.4,0.3,0.2,0.1", "list of 4"),
-                                        ([1, True, 1, 1], "list of 4")])
+                                        ([1, -1, 1, 1], "must be >= 0"), ([0, 0, 0, 0], "positive, finite sum"),
+                                        ([1e308] * 4, "positive, finite sum"), ([10**400, 1, 1, 1], "too large"),
+                                        ([1, float("nan"), 1, 1], "finite numbers"), ("0.4,0.3,0.2,0.1", "list of 4"),
+                                        ([1, True, 1, 1], "holds booleans"), ([1, "2", 1, 1], "real numbers")])
 def test_noise_weights_errors(bad, match):
     with pytest.raises(ValueError, match=match):
         sample_noise_offset(4, None, bad)

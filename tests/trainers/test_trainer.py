@@ -220,6 +220,10 @@ def test_user_errors_are_explained(tmp_path):
         _args(tmp_path, noise_max=0)
     with pytest.raises(ValueError, match="noise_weights has 3 entries but noise_max is 4"):
         _args(tmp_path, noise_weights=[0.5, 0.3, 0.2])
+    with pytest.raises(ValueError, match="noise_max must be an int >= 1"):
+        _args(tmp_path, noise_max=2.5, noise_weights=[1, 1])
+    with pytest.raises(ValueError, match="noisy_training=False turns off"):
+        _args(tmp_path, noisy_training=False, noise_weights=[1, 1, 1, 1])
 
 
 def test_batch_without_supervised_tokens_is_a_zero_step(tmp_path):
