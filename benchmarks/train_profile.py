@@ -7,8 +7,9 @@ weights, the draft reading the target's hidden state, argmax labels + top-16 sof
 by CUDA events into: the frozen target's decoder pass, its LM head top-k, the draft's forward, the loss (LM-head
 chunks), the backward and the optimizer step. Two batch layouts of 16,384 tokens: 16 short rows of 1,024
 (anchor-offset positions) and one long row, of tokens drawn from a random draft vocabulary of 32,768; each again with
-the loss over that vocabulary (`draft_vocab_loss`). Prints ms per phase, tokens per second and peak memory; the mean
-of 5 steps after 2 warm-up steps.
+the loss over that vocabulary (`draft_vocab_loss`); then the short rows with four noise offsets on the one target pass
+(`noise_offsets_per_step`). Prints ms per phase, tokens per second and peak memory; the mean of 5 steps after 2
+warm-up steps.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from transformers_longspec.trainers.soft_labels import draft_vocab_loss_parts, s
 PHASES = ("target", "target_topk", "draft_forward", "loss", "backward", "optimizer")
 
 
-def one_step(target, draft, optimizer, ids, positions, marks, vocab_loss: bool = False) -> None:
+def one_step(target, draft, optimizer, ids, positions, marks, vocab_loss: bool = False, offsets: int = 1) -> None:
     """compute_loss + backward + optimizer step, with a CUDA event after each phase appended to `marks`;
-    `vocab_loss`: the loss over the draft's vocabulary + the batch's tokens (`draft_vocab_loss`)."""
+    `vocab_loss`: the loss over the draft's vocabulary + the batch's tokens (`draft_vocab_loss`); `offsets`: noise
+    offsets 2, 1, 3, 4 ... trained on the one target pass (`noise_offsets_per_step`), the loss their mean."""
     def mark():
         event = torch.cuda.Event(enable_timing=True)
         event.record()
@@ -42,13 +44,15 @@ def one_step(target, draft, optimizer, ids, positions, marks, vocab_loss: bool =
         labels = torch.full_like(ids, -100)
         labels[:, 1:] = top_ids[:, :-1, 0]
         mark()
-        out = draft(input_ids=ids, target_keys=keys, target_values=values, position_ids=positions,
-                    noise_offset=2, target_hidden=hidden)
+        noises = (2, 1, 3, 4)[:offsets]
+        outs = [draft(input_ids=ids, target_keys=keys, target_values=values, position_ids=positions,
+                      noise_offset=j, target_hidden=hidden) for j in noises]
         mark()
         lm_logits, targets = draft.lm_logits, (top_logits, top_ids, labels)
         if vocab_loss:
             lm_logits, targets = draft_vocab_loss_parts(draft, ids, *targets)
-        loss = soft_distill_loss(lm_logits, out.hidden_states, *targets, 2, 512, 0.5)
+        loss = sum(soft_distill_loss(lm_logits, out.hidden_states, *targets, j, 512, 0.5)
+                   for j, out in zip(noises, outs)) / len(noises)
     mark()
     loss.backward()
     mark()
@@ -58,7 +62,8 @@ def one_step(target, draft, optimizer, ids, positions, marks, vocab_loss: bool =
     mark()
 
 
-def profile(target, draft, rows: int, seq: int, steps: int = 5, warm_up: int = 2, vocab_loss: bool = False) -> dict:
+def profile(target, draft, rows: int, seq: int, steps: int = 5, warm_up: int = 2, vocab_loss: bool = False,
+            offsets: int = 1) -> dict:
     """Mean ms per phase over `steps` steps of a (rows, seq) batch; positions 0.. (long) or offset (short rows)."""
     optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-4, fused=True)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -72,13 +77,14 @@ def profile(target, draft, rows: int, seq: int, steps: int = 5, warm_up: int = 2
     totals = dict.fromkeys(PHASES, 0.0)
     for step in range(warm_up + steps):
         marks = []
-        one_step(target, draft, optimizer, ids, positions, marks, vocab_loss)
+        one_step(target, draft, optimizer, ids, positions, marks, vocab_loss, offsets)
         torch.cuda.synchronize()
         if step >= warm_up:
             for name, a, b in zip(PHASES, marks, marks[1:]):
                 totals[name] += a.elapsed_time(b) / steps
     step_ms = sum(totals.values())
-    return {"rows": rows, "seq": seq, "draft_vocab_loss": vocab_loss, "ms": totals, "step_ms": step_ms,
+    return {"rows": rows, "seq": seq, "draft_vocab_loss": vocab_loss, "offsets": offsets, "ms": totals,
+            "step_ms": step_ms,
             "tokens_per_s": rows * seq / step_ms * 1e3, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
@@ -94,9 +100,12 @@ def main() -> None:
     rows = [profile(target, draft, 16, 1024), profile(target, draft, 1, 16384)]
     # the same with the loss over the draft's vocabulary + the batch's tokens (`draft_vocab_loss`)
     rows += [profile(target, draft, 16, 1024, vocab_loss=True), profile(target, draft, 1, 16384, vocab_loss=True)]
+    # every tree level on one target pass (`noise_offsets_per_step` 4)
+    rows += [profile(target, draft, 16, 1024, offsets=4), profile(target, draft, 16, 1024, vocab_loss=True, offsets=4)]
     for row in rows:
         phases = " + ".join(f"{name} {ms:.0f}" for name, ms in row["ms"].items())
-        print(f"{row['rows']} x {row['seq']}{' draft_vocab_loss' if row['draft_vocab_loss'] else ''}: "
+        print(f"{row['rows']} x {row['seq']}{' draft_vocab_loss' if row['draft_vocab_loss'] else ''}"
+              f"{' offsets ' + str(row['offsets']) if row['offsets'] > 1 else ''}: "
               f"{row['step_ms']:.0f} ms/step = {phases} ms; "
               f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_gib']:.1f} GiB")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
