@@ -70,7 +70,7 @@ qwen_mix() {
 }
 smol_mix() {
   echo "{\"rows_cache\": \"$HOME/rows-smollm2.pt\", \"chat_cache\": \"$HOME/chat-cache-smollm2.jsonl\"$(dry \
-    ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
+    ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_long_prompts": 2, "chat_long_prompt_chars": [1600, 3200], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
 }
 set_mix() {  # set_mix JSON: the --set-mix arguments of a JSON object, one per line (compact JSON: no spaces)
   python3 -c 'import json, sys

@@ -5,6 +5,7 @@ Reference: LongSpec (arXiv 2502.17421) §3.2; transformers `TrainingArguments`.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
@@ -143,15 +144,16 @@ class LongSpecTrainingArguments(TrainingArguments):
             raise ValueError(f"noise_max must be an int >= 1 (1 = no noise, 4 in the paper), got {self.noise_max!r}")
         if self.noise_weights is not None:
             check_noise_weights(self.noise_weights, self.noise_max)
+        nonzero = self.noise_max if self.noise_weights is None else sum(w > 0 for w in self.noise_weights)
+        per_step = self.noise_offsets_per_step
+        if isinstance(per_step, bool) or not isinstance(per_step, numbers.Integral) or not 1 <= per_step <= nonzero:
+            raise ValueError(f"noise_offsets_per_step must be an int in [1, {nonzero}] (noise_max, or the non-zero "
+                             f"noise_weights), got {per_step!r}")
+        self.noise_offsets_per_step = int(per_step)
         if not self.noisy_training and (self.noise_weights is not None or self.noise_offsets_per_step != 1):
             raise ValueError("noise_weights / noise_offsets_per_step choose the noise offsets of noisy training, which "
                              "noisy_training=False turns off (every step at j = 1): drop them or set "
                              "noisy_training=True")
-        nonzero = self.noise_max if self.noise_weights is None else sum(w > 0 for w in self.noise_weights)
-        if isinstance(self.noise_offsets_per_step, bool) or not isinstance(self.noise_offsets_per_step, int) or not (
-                1 <= self.noise_offsets_per_step <= nonzero):
-            raise ValueError(f"noise_offsets_per_step must be an int in [1, {nonzero}] (noise_max, or the non-zero "
-                             f"noise_weights), got {self.noise_offsets_per_step!r}")
         if self.target_sharding not in TARGET_SHARDING_MODES:
             raise ValueError(f"target_sharding must be one of {TARGET_SHARDING_MODES}, got {self.target_sharding!r}")
         if self.soft_labels_topk < 0:

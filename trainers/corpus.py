@@ -301,6 +301,8 @@ def _scan_setup(kind: str, roots, stats: CorpusStats | None) -> tuple[CorpusStat
     """Check `kind` and the roots (existing folders, none of them evaluation material); the stats to fill."""
     if kind not in KIND_EXTENSIONS:
         raise ValueError(f"unknown document kind {kind!r}; choose from {DOC_KINDS}")
+    if isinstance(roots, (str, bytes, os.PathLike)):
+        raise ValueError(f"roots is a list of folders, got the single path {roots!r}: pass [{roots!r}]")
     if kind == "prose" and not roots:
         raise ValueError("the prose kind reads only folders you name (data.mix.prose_roots: folders of plain-text "
                          "books, articles or essays, e.g. made by benchmarks/build_prose.py); the installed packages "
@@ -316,7 +318,8 @@ def _scan_setup(kind: str, roots, stats: CorpusStats | None) -> tuple[CorpusStat
 def repository_documents(kind: str, roots: Sequence[str | os.PathLike] | None = None, min_chars: int = 40_000,
                          max_chars: int = 140_000, per_package: int = 4, seed: int = 0, system_docs: bool = False,
                          stats: CorpusStats | None = None) -> Iterator[str]:
-    """Yield long documents: neighbouring files of one package joined in path order, each under a file header.
+    """Yield long documents: neighbouring files of one package joined in path order, each under a file header (prose:
+    none, the texts one after another).
 
     A repository-level view (what a long code-completion prompt looks like): files of the same folder follow each
     other, each preceded by `<comment> File: <relative path>`. Each long document starts at a random file of its
@@ -341,7 +344,7 @@ def repository_documents(kind: str, roots: Sequence[str | os.PathLike] | None = 
     rng = random.Random(seed)
     names = sorted(groups)
     rng.shuffle(names)
-    comment = "#" if kind in ("python", "docs", "prose") else "//"
+    comment = "#" if kind in ("python", "docs") else "//"
     for name in names:
         files = sorted(groups[name])
         stats.files_seen += len(files)
@@ -352,7 +355,8 @@ def repository_documents(kind: str, roots: Sequence[str | os.PathLike] | None = 
                 text = _read(path, kind)
                 if not text or text_evaluation_reason(text) is not None:
                     continue
-                parts.append(f"{comment} File: {path.parent.name}/{path.name}\n{text}")
+                header = "" if kind == "prose" else f"{comment} File: {path.parent.name}/{path.name}\n"
+                parts.append(header + text)  # prose: texts one after another, as in a book
                 size += len(parts[-1])
                 if size >= min_chars:
                     break

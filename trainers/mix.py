@@ -23,8 +23,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import random
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,15 +47,16 @@ class MixSpec:
     """The `data.mix` section of a recipe (all lengths in tokens of the target's tokenizer).
 
     Args:
-        kinds: token fractions of the short rows per document kind ("python", "c_cpp", "other_code", "docs");
-            normalised; a kind with no documents here gives its share to the others (reported in the stats).
+        kinds: token fractions of the short rows per document kind ("python", "c_cpp", "other_code", "docs",
+            "prose"); normalised; a kind with too few documents here gives its shortfall to the kinds of larger share
+            (reported in the stats; rows still missing after the largest kind are named in a warning).
         short_rows: packed short rows in all.
         short_seq_length: tokens per short row (below the trainer's anchor_max_length: anchor-offset positions).
         short_rows_per_step: short rows per step item.
         long_rows: long rows in all (0 = none).
         long_seq_length: tokens per long row (8192-32768; cut to this, rows shorter than `long_min_length` dropped).
         long_min_length: shortest long row kept.
-        long_kinds: token fractions of the long rows per kind.
+        long_kinds: token fractions of the long rows per kind (a shortfall is named in a warning).
         chat_prompts: chat self-distillation prompts (0 = none).
         chat_prompt_chars: (min, max) characters of document per prompt.
         chat_long_prompts: chat prompts over LONG documents (neighbouring files of one package joined,
@@ -79,7 +82,7 @@ class MixSpec:
         jsonl_short_rows: packed short rows at most from the jsonl texts (None = all).
         rows_cache: a file keeping the built short and long rows (token ids, with the scan's statistics): read when
             it exists and was built with the same settings and tokenizer, written after building otherwise. Lets
-            `longspec train --data-only` scan the corpus before (or beside) the run that trains, and several runs
+            `longspec data` scan the corpus before (or beside) the run that trains, and several runs
             share one scan. Chat rows are not in it (their answers have `chat_cache`).
         roots: folders to scan (None = the installed packages); evaluation material is refused.
         prose_roots: folders of general text (.txt / .md: books, articles, essays) for the kind "prose", which
@@ -155,10 +158,19 @@ class MixSpec:
             raise ValueError(f"data.mix.chat_loss must be 'answer' or 'all', got {self.chat_loss!r}")
         for path in self.jsonl:
             refuse_evaluation(path, "data.mix.jsonl")
+        for name in ("roots", "prose_roots"):
+            folders = getattr(self, name)
+            if (folders is not None or name == "prose_roots") and (
+                    isinstance(folders, (str, bytes, os.PathLike)) or not isinstance(folders, (list, tuple))
+                    or not all(isinstance(f, (str, os.PathLike)) for f in folders)):
+                raise ValueError(f"data.mix.{name} is a list of folders, e.g. [\"/data/prose\"], got {folders!r}")
         for root in self.roots or []:
             refuse_evaluation(root, "data.mix.roots")
         for root in self.prose_roots:
             refuse_evaluation(root, "data.mix.prose_roots")
+            if not os.path.isdir(root):
+                raise ValueError(f"data.mix.prose_roots {os.fspath(root)!r} is not a folder: give folders of .txt / "
+                                 ".md texts (benchmarks/build_prose.py makes one)")
         asked = [n for n in ("kinds", "long_kinds") if getattr(self, n).get("prose")]
         asked += ["chat_kinds"] if "prose" in self.chat_kinds else []
         if asked and not self.prose_roots:
@@ -235,6 +247,10 @@ def _short_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> list[dict]:
         stats.documents[f"short_rows_{kind}"] = len(got)
         missing = want - len(got)
         rows.extend(got)
+    if missing:
+        warnings.warn(f"data.mix: {len(rows)} of {spec.short_rows} short rows built; the kinds {sorted(shares)} ran "
+                      "out of documents (short_rows_* in the stats): add folders (roots, prose_roots) or ask for fewer "
+                      "short_rows", stacklevel=3)
     return rows
 
 
@@ -254,6 +270,10 @@ def _long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> list[dict]:
                 rows.append({"input_ids": ids})
                 got += 1
         stats.documents[f"long_rows_{kind}"] = got
+        if got < want:
+            warnings.warn(f"data.mix: {got} of {want} long rows of kind {kind!r} built (documents of at least "
+                          f"{int(spec.long_seq_length * 4.5)} characters, {spec.long_min_length} tokens): add folders "
+                          "or lower long_seq_length / long_min_length", stacklevel=3)
     return rows
 
 

@@ -44,12 +44,17 @@ def sample_noise_offset(noise_max: int, generator: torch.Generator | None = None
         numbers with a positive sum.
     Reference: LongSpec §3.2, Alg. 2 (uniform j); the weights are ours.
     """
-    if isinstance(noise_max, bool) or not isinstance(noise_max, int) or noise_max < 1:
-        raise ValueError(f"noise_max must be an int >= 1 (1 = no noise, 4 in the paper), got {noise_max!r}")
+    _check_noise_max(noise_max)
     if weights is None:
         return int(torch.randint(1, noise_max + 1, (1,), generator=generator).item())
     probabilities = check_noise_weights(weights, noise_max)
     return int(torch.multinomial(probabilities, 1, generator=generator).item()) + 1
+
+
+def _check_noise_max(noise_max) -> None:
+    """Raise ValueError unless `noise_max` is an int >= 1."""
+    if isinstance(noise_max, bool) or not isinstance(noise_max, int) or noise_max < 1:
+        raise ValueError(f"noise_max must be an int >= 1 (1 = no noise, 4 in the paper), got {noise_max!r}")
 
 
 def sample_noise_offsets(noise_max: int, count: int, generator: torch.Generator | None = None,
@@ -58,7 +63,9 @@ def sample_noise_offsets(noise_max: int, count: int, generator: torch.Generator 
 
     Several offsets per step train several tree levels on one pass of the frozen target (`noise_offsets_per_step`):
     the target's forward, the largest part of a training step, is shared by them. `count` = 1 is one draw of
-    `sample_noise_offset` (the same random stream).
+    `sample_noise_offset` (the same random stream). With count > 1 the weights only choose which offsets a step
+    draws (without replacement), so their ratios matter less; with count = the number of non-zero weights, only
+    which weights are zero matters.
 
     Args:
         noise_max: the largest offset (tokens).
@@ -70,8 +77,10 @@ def sample_noise_offsets(noise_max: int, count: int, generator: torch.Generator 
         `weights` (see `sample_noise_offset`).
     Reference: LongSpec §3.2, Alg. 2 (one offset per step); several per step are ours.
     """
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= max(noise_max, 1):
+    _check_noise_max(noise_max)
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or not 1 <= count <= noise_max:
         raise ValueError(f"noise_offsets_per_step must be an int in [1, noise_max={noise_max}], got {count!r}")
+    count = int(count)
     if count == 1:
         return [sample_noise_offset(noise_max, generator, weights)]
     probabilities = torch.ones(noise_max, dtype=torch.float64) if weights is None else check_noise_weights(

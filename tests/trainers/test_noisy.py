@@ -55,6 +55,10 @@ def test_several_offsets_per_step_are_distinct_and_follow_the_weights():
     for bad in (0, 5, 1.0, True):
         with pytest.raises(ValueError, match=r"noise_offsets_per_step must be an int in \[1, noise_max=4\]"):
             sample_noise_offsets(4, bad)
+    assert sorted(sample_noise_offsets(4, np.int64(2), g, [0, 1, 1, 0])) == [2, 3]
+    for bad in (4.0, "4", None, 0):  # the count is not blamed for a bad noise_max
+        with pytest.raises(ValueError, match="noise_max must be an int >= 1"):
+            sample_noise_offsets(bad, 2)
 
 
 @pytest.mark.parametrize("bad,match", [([0.5, 0.5], "has 2 entries but noise_max is 4"),
