@@ -146,13 +146,14 @@ class LongSpecTrainingArguments(TrainingArguments):
             check_noise_weights(self.noise_weights, self.noise_max)
         nonzero = self.noise_max if self.noise_weights is None else sum(w > 0 for w in self.noise_weights)
         per_step = self.noise_offsets_per_step
-        if isinstance(per_step, bool) or not isinstance(per_step, numbers.Integral) or not 1 <= per_step <= nonzero:
+        if isinstance(per_step, bool) or not isinstance(per_step, numbers.Integral) or not (
+                1 <= per_step <= nonzero):
             raise ValueError(f"noise_offsets_per_step must be an int in [1, {nonzero}] (noise_max, or the non-zero "
                              f"noise_weights), got {per_step!r}")
         self.noise_offsets_per_step = int(per_step)
         if not self.noisy_training and (self.noise_weights is not None or self.noise_offsets_per_step != 1):
-            raise ValueError("noise_weights / noise_offsets_per_step choose the noise offsets of noisy training, which "
-                             "noisy_training=False turns off (every step at j = 1): drop them or set "
+            raise ValueError("noise_weights / noise_offsets_per_step choose the noise offsets of noisy training, "
+                             "which noisy_training=False turns off (every step at j = 1): drop them or set "
                              "noisy_training=True")
         if self.target_sharding not in TARGET_SHARDING_MODES:
             raise ValueError(f"target_sharding must be one of {TARGET_SHARDING_MODES}, got {self.target_sharding!r}")
@@ -173,7 +174,7 @@ LONGSPEC_DEFAULTS = {
     name: LongSpecTrainingArguments.__dataclass_fields__[name].default
     for name in (
         "anchor_offset", "anchor_sinks", "anchor_max_length", "max_position", "noisy_training", "noise_max",
-        "noise_weights", "noise_offsets_per_step", "index_seed", "distill_labels", "soft_labels_topk", "soft_labels_weight", "draft_vocab_loss",
-        "loss_chunk_size", "target_sharding",
+        "noise_weights", "noise_offsets_per_step", "index_seed", "distill_labels", "soft_labels_topk",
+        "soft_labels_weight", "draft_vocab_loss", "loss_chunk_size", "target_sharding",
     )
 }

@@ -249,8 +249,8 @@ def _short_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> list[dict]:
         rows.extend(got)
     if missing:
         warnings.warn(f"data.mix: {len(rows)} of {spec.short_rows} short rows built; the kinds {sorted(shares)} ran "
-                      "out of documents (short_rows_* in the stats): add folders (roots, prose_roots) or ask for fewer "
-                      "short_rows", stacklevel=3)
+                      "out of documents (short_rows_* in the stats): add folders (roots, prose_roots) or ask for "
+                      "fewer short_rows", stacklevel=3)
     return rows
 
 

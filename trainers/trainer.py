@@ -167,8 +167,9 @@ class LongSpecTrainer(Trainer):
         In training mode the position ids are anchor-offset (sequences shorter than `anchor_max_length`) and the
         noise offsets j are drawn in [1, noise_max] (`noise_offsets_per_step` of them, uniformly or by
         `noise_weights`; the loss is their mean over one target pass); in eval mode positions are 0..seq-1 and j = 1,
-        so evaluation losses are comparable across runs. `num_items_in_batch` is unused: the
-        draft returns a per-batch mean and the Trainer divides by the accumulation steps (`LongSpecDraft.accepts_loss_kwargs = False`).
+        so evaluation losses are comparable across runs. `num_items_in_batch` is unused: the draft returns a
+        per-batch mean and the Trainer divides by the accumulation steps (`LongSpecDraft.accepts_loss_kwargs =
+        False`).
 
         Args:
             model: the (possibly wrapped) draft.

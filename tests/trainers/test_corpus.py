@@ -106,8 +106,9 @@ def test_build_prose_detags_the_brown_corpus_into_genre_folders(tmp_path):
     spec = importlib.util.spec_from_file_location("build_prose", path)
     build_prose = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build_prose)
-    samples = {"package/ca01": "\n\n\tJury/nn-hl acts/vbz-hl The/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' ./.\n\n"
-                               "\tIt/pps did/dod n't/* rest/vb ,/, said/vbd Ivan/np Allen/np Jr./np ./.\n",
+    samples = {"package/ca01": "\n\n\tJury/nn-hl acts/vbz-hl The/at jury/nn said/vbd ``/`` no/at evidence/nn "
+                               "''/'' ./.\n\n\tIt/pps did/dod n't/* rest/vb ,/, said/vbd Ivan/np Allen/np "
+                               "Jr./np ./.\n",
                "package/ck02": "\n\n\tWhy/wrb ?/. ?/. She/pps called/vbd it/ppo '/' Eden/np '/' at/in "
                                "30/cd **ym/nn (/( briefly/rb )/) ./.\n",
                "package/README": "not a sample"}
