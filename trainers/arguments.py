@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from .noisy import check_noise_weights
+from .noisy import check_noise_max, check_noise_weights
 from .sharding import TARGET_SHARDING_MODES
 
 __all__ = ["LONGSPEC_DEFAULTS", "LongSpecTrainingArguments"]
@@ -140,8 +140,7 @@ class LongSpecTrainingArguments(TrainingArguments):
             raise ValueError(f"anchor_max_length must be a positive number of tokens, got {self.anchor_max_length}")
         if self.max_position is not None and self.max_position < 1:
             raise ValueError(f"max_position must be a positive number of tokens or None, got {self.max_position}")
-        if isinstance(self.noise_max, bool) or not isinstance(self.noise_max, int) or self.noise_max < 1:
-            raise ValueError(f"noise_max must be an int >= 1 (1 = no noise, 4 in the paper), got {self.noise_max!r}")
+        check_noise_max(self.noise_max)
         if self.noise_weights is not None:
             check_noise_weights(self.noise_weights, self.noise_max)
         nonzero = self.noise_max if self.noise_weights is None else sum(w > 0 for w in self.noise_weights)

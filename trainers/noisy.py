@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["check_noise_weights", "mask_noisy_labels", "noise_visibility_mask", "sample_noise_offset",
-           "sample_noise_offsets"]
+__all__ = ["check_noise_max", "check_noise_weights", "mask_noisy_labels", "noise_visibility_mask",
+           "sample_noise_offset", "sample_noise_offsets"]
 
 
 def sample_noise_offset(noise_max: int, generator: torch.Generator | None = None,
@@ -44,15 +44,15 @@ def sample_noise_offset(noise_max: int, generator: torch.Generator | None = None
         numbers with a positive sum.
     Reference: LongSpec §3.2, Alg. 2 (uniform j); the weights are ours.
     """
-    _check_noise_max(noise_max)
+    check_noise_max(noise_max)
     if weights is None:
         return int(torch.randint(1, noise_max + 1, (1,), generator=generator).item())
     probabilities = check_noise_weights(weights, noise_max)
     return int(torch.multinomial(probabilities, 1, generator=generator).item()) + 1
 
 
-def _check_noise_max(noise_max) -> None:
-    """Raise ValueError unless `noise_max` is an int >= 1."""
+def check_noise_max(noise_max) -> None:
+    """Raise ValueError unless `noise_max` (the largest noise offset, tokens) is an int >= 1."""
     if isinstance(noise_max, bool) or not isinstance(noise_max, int) or noise_max < 1:
         raise ValueError(f"noise_max must be an int >= 1 (1 = no noise, 4 in the paper), got {noise_max!r}")
 
@@ -77,7 +77,7 @@ def sample_noise_offsets(noise_max: int, count: int, generator: torch.Generator 
         `weights` (see `sample_noise_offset`).
     Reference: LongSpec §3.2, Alg. 2 (one offset per step); several per step are ours.
     """
-    _check_noise_max(noise_max)
+    check_noise_max(noise_max)
     if isinstance(count, bool) or not isinstance(count, numbers.Integral) or not 1 <= count <= noise_max:
         raise ValueError(f"noise_offsets_per_step must be an int in [1, noise_max={noise_max}], got {count!r}")
     count = int(count)
