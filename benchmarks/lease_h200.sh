@@ -15,7 +15,9 @@
 #   data     (CPU, beside convert) the corpus scans of both mixed recipes, once per tokenizer (`longspec data`,
 #            rows_cache): code of several languages + prose of the machine's packages and docs, long rows
 #   convert  GGUFs -> ~/qwen15 (bf16) and ~/smollm2 (fp32)                                             ~2 min
-#   chat     the Qwen target's own chat answers over short and long corpus documents (`longspec data --chat`) ~4 min
+#   chat     the Qwen target's own chat answers over short and long corpus documents (`longspec data --chat`) ~4 min;
+#            CHAT_ROUNDS rounds of prompts (data.mix.chat_rounds), the answers of earlier leases read from $CHAT_KEPT
+#            (`wait` brings the cache back as chat-answers-qwen15.jsonl.gz: commit it there, then CHAT_ROUNDS + 1)
 #   gputests (beside chat, after profile) CUDA graphs, compiled step, feature drafts, retrieval, draft vocabulary,
 #            plain loop, 1,000-call long run
 #   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps), continued
@@ -42,6 +44,7 @@ DRAFT_SET=${DRAFT_SET:-'{}'}  # over the recipe's draft section
 QWEN_MIX=${QWEN_MIX:-'"short_rows": 24000'}  # over the recipe's data.mix (non-empty: JSON members)
 # the "prose" kind's shares (SmolLM2 variant `prose`; for the Qwen run put them and "prose_roots" in QWEN_MIX), read
 # from .prose (benchmarks/build_prose.py, carried with the launch)
+CHAT_KEPT=drafts/chat-answers-qwen2.5-coder-1.5b-instruct.jsonl.gz  # earlier leases' answers (committed)
 PROSE_MIX=${PROSE_MIX:-'"kinds": {"python": 0.35, "c_cpp": 0.25, "other_code": 0.05, "docs": 0.2, "prose": 0.15}, "long_kinds": {"python": 0.35, "c_cpp": 0.35, "docs": 0.1, "prose": 0.2}, "chat_kinds": ["python", "c_cpp", "docs", "prose"]'}
 
 phase() {  # phase NAME SECONDS COMMAND...: run COMMAND (killed after SECONDS) with OUT=$L/out/NAME, log the outcome
@@ -65,7 +68,7 @@ dry() {  # dry SMALL LARGE: SMALL in a dry run, else LARGE
 
 # data.mix settings of every Qwen run: the corpus rows and chat answers the data and chat phases made
 qwen_mix() {
-  echo "{\"rows_cache\": \"$HOME/rows-qwen15.pt\", \"chat_cache\": \"$HOME/chat-cache-qwen15.jsonl\", $QWEN_MIX$(dry \
+  echo "{\"rows_cache\": \"$HOME/rows-qwen15.pt\", \"chat_cache\": \"$HOME/chat-cache-qwen15.jsonl\", \"chat_rounds\": ${CHAT_ROUNDS:-1}, $QWEN_MIX$(dry \
     ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_long_prompts": 2, "chat_long_prompt_chars": [1600, 3200], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
 }
 smol_mix() {
@@ -174,6 +177,7 @@ case "${1:-}" in
     [ "${PROFILE_TRAIN:-1}" = 0 ] || python3 benchmarks/train_profile.py --out "$OUT/train_profile.json" ;;
   chat)  # the Qwen target's chat answers, cached for the train phase (which then generates none)
     pkg /tmp/pkg-chat
+    [ -f "$HOME/chat-cache-qwen15.jsonl" ] || [ ! -f "$CHAT_KEPT" ] || gunzip -c "$CHAT_KEPT" > "$HOME/chat-cache-qwen15.jsonl"
     # shellcheck disable=SC2046
     python3 -m transformers_longspec.cli data --chat --recipe "$RECIPE" --target "$HOME/qwen15" \
       $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-240}")")") ;;
@@ -256,6 +260,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       split -b 15M -d "$HOME/draft-qwen15.int8.safetensors" "$OUT/draft-qwen15.int8.safetensors.part"
     [ ! -f "$HOME/draft-qwen15.int4.safetensors" ] || \
       split -b 15M -d "$HOME/draft-qwen15.int4.safetensors" "$OUT/draft-qwen15.int4.safetensors.part"
+    [ ! -f "$HOME/chat-cache-qwen15.jsonl" ] || gzip -9c "$HOME/chat-cache-qwen15.jsonl" > "$OUT/chat-answers-qwen15.jsonl.gz"
     ls -la "$OUT" ;;
   *)
     echo "usage: bash benchmarks/lease_h200.sh launch | sync | wait SECS" >&2; exit 2 ;;

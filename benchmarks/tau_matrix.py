@@ -14,6 +14,9 @@ depend on them), so each builds its static engine once; the decode tok/s recorde
 
 Output: JSON {"meta", "rows"} (rewritten after every run, so a run stopped at a time limit keeps its rows) and a
 markdown table (median τ per dataset × bucket × configuration) beside it.
+
+A configuration is a name of `CONFIGS` or a tree shape `tree:W1-W2-...` with an optional retrieval length `+N`
+(`tree:8-16-16-16-16+10`: a wider first level with 10-token retrieval).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from pathlib import Path
@@ -41,6 +45,18 @@ CONFIGS = {
     "tree+retrieval24": {"longspec_beam_widths": DEFAULT_TREE, "longspec_retrieval": 24},
     "retrieval_only24": {"longspec_beam_widths": [], "longspec_retrieval": 24},
 }
+
+
+def config_kwargs(name: str) -> dict:
+    """The `generate` arguments of a configuration: a `CONFIGS` name or `tree:W1-W2-...[+N]` (widths per depth,
+    N retrieval tokens, default 0). Raises: ValueError naming both forms for anything else."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    match = re.fullmatch(r"tree:(\d+(?:-\d+)*)(?:\+(\d+))?", name)
+    if match is None:
+        raise ValueError(f"unknown configuration {name!r}: use one of {list(CONFIGS)} or a tree shape "
+                         "tree:W1-W2-...[+N], e.g. tree:8-16-16-16-16+10")
+    return {"longspec_beam_widths": [int(w) for w in match[1].split("-")], "longspec_retrieval": int(match[2] or 0)}
 
 
 def run_config(target, draft, ids, kwargs: dict, new_tokens: int) -> tuple[torch.Tensor, dict]:
@@ -82,12 +98,14 @@ def main() -> None:
     p.add_argument("--buckets", default="8192,16384,30000")
     p.add_argument("--per-bucket", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {list(CONFIGS)}")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"names of {list(CONFIGS)} or tree shapes tree:W1-W2-...[+N] (N retrieval tokens)")
     p.add_argument("--max-seconds", type=float, default=1e9,
                    help="start no new prompt after this many seconds (shared equally by the configurations)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     configs = args.configs.split(",")
+    kwargs_of = {name: config_kwargs(name) for name in configs}  # a bad name fails before the models load
     device = "cuda" if torch.cuda.is_available() else "cpu"
     target, tokenizer = load_target(args.target, getattr(torch, args.dtype))
     target = target.to(device)
@@ -105,10 +123,10 @@ def main() -> None:
     prompts.sort(key=lambda p: -p[1].shape[1])  # the longest first: one engine per configuration serves them all
     meta = {"commit": os.environ.get("LONGSPEC_COMMIT", "unknown"), "device": torch.cuda.get_device_name()
             if device == "cuda" else platform.processor(), "target": args.target, "draft": args.draft,
-            "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "configs": {c: CONFIGS[c] for c in configs}}
+            "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "configs": kwargs_of}
     outputs = {}
     for name in configs:  # configuration outermost: its static engine is built once
-        kwargs = {**CONFIGS[name], "longspec_compile": False}  # τ does not depend on compiled regions
+        kwargs = {**kwargs_of[name], "longspec_compile": False}  # τ does not depend on compiled regions
         start = time.perf_counter()
         for record, ids in prompts:
             if time.perf_counter() - start > args.max_seconds / len(configs):

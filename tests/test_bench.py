@@ -181,6 +181,16 @@ def test_micro_attention_smoke(tmp_path):
     assert step["tree"] == 5 and step["verify_us"] > 0 and step["decode_static_us"] > 0
 
 
+def test_tau_matrix_takes_named_configurations_and_tree_shapes():
+    module = _load(TESTS.parent / "benchmarks" / "tau_matrix.py")
+    assert module.config_kwargs("tree:8-16-16+10") == {"longspec_beam_widths": [8, 16, 16], "longspec_retrieval": 10}
+    assert module.config_kwargs("tree:2") == {"longspec_beam_widths": [2], "longspec_retrieval": 0}
+    assert module.config_kwargs("chain") == module.CONFIGS["chain"]
+    for bad in ("tree:8,16", "tree:", "wide"):
+        with pytest.raises(ValueError, match="tree:W1-W2"):
+            module.config_kwargs(bad)
+
+
 def test_eval_lossless_uses_the_shared_helpers():
     module = _load(TESTS.parent / "benchmarks" / "eval_lossless.py")
     assert module.top2_logits.__module__ == "transformers_longspec.bench.exactness"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import time
 import warnings
 from collections.abc import Sequence
@@ -36,12 +37,22 @@ from .batch_greedy import batch_greedy, batch_greedy_unsupported, cut_after_stop
 
 __all__ = ["CHAT_TASKS", "chat_distill_rows", "chat_prompts", "generate_answers", "render_prompts"]
 
-# {what}: "Python file", "C/C++ source", "document"; the "question" task draws one of the questions below.
+# Instructions per task, one drawn per prompt ({what}: "Python file", "C/C++ source file", "document", "text"); the
+# "question" task draws one of the questions below. Summaries come in several forms (short, bulleted, part by part)
+# because users ask for all of them and the target answers each in its own layout.
 CHAT_TASKS = {
-    "summarize": "Summarize the following {what}: its purpose, its main parts and anything unusual about it.",
-    "continue": "Continue this {what} from exactly where it stops. Reply with the continuation only.",
-    "explain": "Explain the following {what} to a new colleague, section by section.",
-    "question": "Read the following {what} and answer the question at the end.",
+    "summarize": (
+        "Summarize the following {what}: its purpose, its main parts and anything unusual about it.",
+        "Summarize the following {what} part by part: for each part, what it is about and its main points.",
+        "Give a bullet-point summary of the following {what}: the main points first, then the details that matter.",
+        "Summarise the following {what} in one paragraph for someone who has not read it.",
+    ),
+    "continue": ("Continue this {what} from exactly where it stops. Reply with the continuation only.",),
+    "explain": (
+        "Explain the following {what} to a new colleague, section by section.",
+        "Explain the ideas behind the following {what}: what it does or says, and why.",
+    ),
+    "question": ("Read the following {what} and answer the question at the end.",),
 }
 _QUESTIONS = {
     "code": (
@@ -103,12 +114,12 @@ def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars:
             raise ValueError(f"unknown document kind {kind!r}; choose from {sorted(_WHAT)}")
         size = rng.randint(low, high)
         start = rng.randrange(max(len(text) - size, 0) + 1)
-        excerpt = text[start : start + size]
+        excerpt = _excerpt(text, start, size)
         task = tasks[rng.randrange(len(tasks))]
         what, fence = _WHAT[kind]
         body = excerpt if fence is None else f"```{fence}\n{excerpt}\n```"
-        instruction = CHAT_TASKS[task].format(what=what)
-        if instruction_after and rng.random() < instruction_after:  # 0: the prompts (and their seeds) of old
+        instruction = rng.choice(CHAT_TASKS[task]).format(what=what)
+        if instruction_after and rng.random() < instruction_after:
             instruction = instruction.replace(f"the following {what}", f"the {what} above")
             prompt = f"{body}\n\n{instruction}"
         else:
@@ -117,6 +128,31 @@ def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars:
             prompt += f"\n\nQuestion: {rng.choice(_QUESTIONS['docs' if kind in ('docs', 'prose') else 'code'])}"
         prompts.append(prompt)
     return prompts
+
+
+def _excerpt(text: str, start: int, size: int) -> str:
+    """`text[start : start + size]` moved onto whole lines, or whole words where no line break is near: the start
+    forward to just after the first line break (else whitespace) in the excerpt's first fifth, the end back to the
+    last one in its last fifth. A cut that finds neither stays where it is; so does a start or end at the text's
+    own start or end."""
+    end = min(start + size, len(text))
+    slack = max((end - start) // 5, 1)
+    if start > 0 and text[start - 1] != "\n":
+        head = text[start : start + slack]
+        cut = head.find("\n")
+        if cut < 0:
+            match = re.search(r"\s", head)
+            cut = match.start() if match else -1
+        start += cut + 1  # -1 + 1: unchanged
+    if end < len(text) and text[end] != "\n":
+        tail = text[end - slack : end]
+        cut = tail.rfind("\n")
+        if cut < 0:
+            match = re.search(r"\s\S*$", tail)
+            cut = match.start() if match else -1
+        if cut >= 0:
+            end -= slack - cut
+    return text[start:end].strip("\n")
 
 
 def render_prompts(tokenizer, prompts: Sequence[str], system: str | None = None) -> list[list[int]]:

@@ -73,6 +73,10 @@ class MixSpec:
         chat_batch_size: prompts per batch of answers (`batch_greedy`).
         chat_time_budget_s: stop generating after this many seconds (None = no limit).
         chat_cache: jsonl file caching the answers (None = no cache).
+        chat_rounds: rounds of chat prompts (>= 1), each `chat_prompts` + `chat_long_prompts` prompts over the
+            documents after the previous rounds' (from the first again when a kind runs out), with a seed of its own;
+            round 0 is what one round always built. With `chat_cache`, the rounds an earlier run answered come from
+            the cache, so a run with one round more spends its generation time on new answers and trains on all.
         chat_loss: "answer" (prompt masked) or "all".
         chat_repeat: times each chat item is in the training items (>= 1): the target's own answers are few next to
             the corpus rows (256 answers fill ~5% of a run's items), so repeating them weights what the target
@@ -113,6 +117,7 @@ class MixSpec:
     chat_batch_size: int = 64
     chat_time_budget_s: float | None = None
     chat_cache: str | None = None
+    chat_rounds: int = 1
     chat_loss: str = "answer"
     chat_repeat: int = 1
     chat_kinds: list = field(default_factory=lambda: ["python", "c_cpp", "docs"])
@@ -148,8 +153,10 @@ class MixSpec:
             if not 0 < low <= high:
                 raise ValueError(f"data.mix.{name} must be [min, max] characters with 0 < min <= max, got "
                                  f"{getattr(self, name)}")
-        if isinstance(self.chat_repeat, bool) or not isinstance(self.chat_repeat, int) or self.chat_repeat < 1:
-            raise ValueError(f"data.mix.chat_repeat must be an int >= 1, got {self.chat_repeat!r}")
+        for name in ("chat_repeat", "chat_rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"data.mix.{name} must be an int >= 1, got {value!r}")
         share = self.chat_long_budget_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
             raise ValueError(f"data.mix.chat_long_budget_share is a share of chat_time_budget_s in [0, 1], got "
@@ -329,16 +336,18 @@ def short_and_long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> tuple[l
 
 
 def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict]:
-    """Chat self-distillation rows: prompts over corpus documents (short ones, then long ones), the target's greedy
-    answers (cached in `spec.chat_cache`). Returns a list of {"input_ids", "labels"} (lists of int64; labels -100 off
-    the answers)."""
+    """Chat self-distillation rows: prompts over corpus documents (short ones, then long ones; `spec.chat_rounds`
+    rounds of them), the target's greedy answers (cached in `spec.chat_cache`). Returns a list of {"input_ids",
+    "labels"} (lists of int64; labels -100 off the answers)."""
     start, rows = time.perf_counter(), []
-    for count, chars, long in ((spec.chat_prompts, spec.chat_prompt_chars, False),
-                               (spec.chat_long_prompts, spec.chat_long_prompt_chars, True)):
+    for round_, (count, chars, long) in itertools.product(
+            range(spec.chat_rounds), ((spec.chat_prompts, spec.chat_prompt_chars, False),
+                                      (spec.chat_long_prompts, spec.chat_long_prompt_chars, True))):
         if not count:
             continue
-        before, documents = len(rows), _chat_documents(spec, count, chars, long, stats)
-        prompt_ids = render_prompts(tokenizer, chat_prompts(documents, count, tuple(chars), seed=spec.seed + long))
+        before, documents = len(rows), _chat_documents(spec, count, chars, long, stats, round_)
+        prompts = chat_prompts(documents, count, tuple(chars), seed=spec.seed + long + 1000 * round_)
+        prompt_ids = render_prompts(tokenizer, prompts)
         batch = max(1, spec.chat_batch_size * spec.chat_prompt_chars[1] // chars[1])  # tokens per batch kept
         budget = spec.chat_time_budget_s
         if budget is not None and not long and spec.chat_long_prompts:  # the long prompts' share is kept for them
@@ -349,16 +358,19 @@ def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict
                                    spec.chat_cache, batch_seconds=seconds)
         rows += chat_distill_rows(prompt_ids, answers, spec.chat_loss)
         name = "chat_long" if long else "chat"
-        stats.documents[f"{name}_rows"] = len(rows) - before
-        stats.documents[f"{name}_batches"] = len(seconds)  # where the generation time went
-        stats.documents[f"{name}_batch_s_max"] = round(max(seconds, default=0.0), 1)
+        counts = stats.documents
+        counts[f"{name}_rows"] = counts.get(f"{name}_rows", 0) + len(rows) - before
+        counts[f"{name}_batches"] = counts.get(f"{name}_batches", 0) + len(seconds)  # where the time went
+        counts[f"{name}_batch_s_max"] = round(max(seconds + [counts.get(f"{name}_batch_s_max", 0.0)]), 1)
     stats.documents["chat_generate_s"] = round(time.perf_counter() - start, 1)
     return rows
 
 
-def _chat_documents(spec: MixSpec, count: int, chars, long: bool, stats: CorpusStats) -> list[tuple[str, str]]:
+def _chat_documents(spec: MixSpec, count: int, chars, long: bool, stats: CorpusStats,
+                    round_: int = 0) -> list[tuple[str, str]]:
     """(kind, text) documents for `count` chat prompts of `chars` = (min, max) characters, the kinds of
-    `spec.chat_kinds` in turn: corpus documents, or joined neighbouring files of one package (`long`)."""
+    `spec.chat_kinds` in turn: corpus documents, or joined neighbouring files of one package (`long`); round r takes
+    each kind's documents after those of rounds 0..r-1, from the first again when they run out."""
     per_kind, documents = max(1, count // max(len(spec.chat_kinds), 1)), []
     for kind in spec.chat_kinds:
         if long:
@@ -367,8 +379,10 @@ def _chat_documents(spec: MixSpec, count: int, chars, long: bool, stats: CorpusS
         else:
             docs = corpus_documents(kind, _roots(spec, kind), min_chars=chars[0], max_chars=100_000,
                                     seed=spec.seed + 1, system_docs=spec.system_docs, stats=stats)
-        documents.extend((kind, d) for d in itertools.islice(docs, per_kind))
-    random.Random(spec.seed).shuffle(documents)
+        found = list(itertools.islice(docs, (round_ + 1) * per_kind))
+        first = round_ * per_kind % max(len(found), 1)
+        documents.extend((kind, d) for d in (found[first:] + found[:first])[:per_kind])
+    random.Random(spec.seed + round_).shuffle(documents)
     if not documents:
         name = "chat_long_prompt_chars" if long else "chat_prompt_chars"
         raise ValueError(f"chat self-distillation found no documents of kinds {spec.chat_kinds} (min {chars[0]} "

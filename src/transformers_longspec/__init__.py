@@ -13,7 +13,7 @@ from .configuration import LongSpecConfig
 from .generation import LongSpecCandidateGenerator, LongSpecStats, longspec_tree_decode
 from .modeling import LongSpecDraft
 
-compat.install()
+compat.install(longspec_tree_decode)
 
 __version__ = "0.1.0"
 

@@ -2,8 +2,8 @@
 
 What we patch or register (idempotently, by `install()`, which `import transformers_longspec` calls):
 
-* `GenerationMixin._assisted_decoding` (private): a `LongSpecDraft` assistant runs `longspec_tree_decode`;
-  every other assistant runs the original, unchanged.
+* `GenerationMixin._assisted_decoding` (private): a `LongSpecDraft` assistant runs the decode loop `install` was
+  given (`generation.longspec_tree_decode`); every other assistant runs the original, unchanged.
 * `GenerationMixin._extract_generation_mode_kwargs` (private): with a LongSpec assistant, per-call
   `longspec_*` kwargs of `generate` (e.g. `longspec_beam_widths=[4, 8, 8]`) reach the decode loop instead of
   being rejected as unused model kwargs (the same options set on the `GenerationConfig` are read by the decode
@@ -89,6 +89,9 @@ _STATEFUL_PROCESSORS = {
 _GENERATE_MODEL_KWARGS = {"attention_mask", "use_cache", "past_key_values", "position_ids", "cache_position",
                           "logits_to_keep", "num_logits_to_keep", "inputs_embeds", "output_attentions",
                           "output_hidden_states"}
+
+
+_DECODE: list = []  # [the decode loop], set by `install`
 
 
 def _is_longspec(assistant_model) -> bool:
@@ -228,8 +231,6 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
             self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=synced_gpus,
             streamer=streamer, inputs_tensor=inputs_tensor, assistant_model=assistant_model, **model_kwargs
         )
-    from .generation import longspec_tree_decode
-
     if synced_gpus:
         raise ValueError("LongSpec decoding does not support synced_gpus (FSDP / ZeRO-3 generation); use one device")
     for name in ("tokenizer", "assistant_tokenizer"):
@@ -241,8 +242,8 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
     if unknown:
         raise ValueError(f"unknown LongSpec option(s) {unknown}; the per-call options are {_known_options()}")
     with _finite_prefill_logits(self):
-        return longspec_tree_decode(self, assistant_model, input_ids, logits_processor, stopping_criteria,
-                                    generation_config, streamer=streamer, **options, **model_kwargs)
+        return _DECODE[0](self, assistant_model, input_ids, logits_processor, stopping_criteria, generation_config,
+                          streamer=streamer, **options, **model_kwargs)
 
 
 def _extract_generation_mode_kwargs(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):
@@ -299,9 +300,12 @@ def _prepare_model_inputs(self, inputs=None, bos_token_id=None, model_kwargs=Non
     return result
 
 
-def install() -> None:
+def install(decode) -> None:
     """Register LongSpec with transformers (idempotent). Called on `import transformers_longspec`.
 
+    Args:
+        decode: the decode loop a LongSpec assistant runs, `generation.longspec_tree_decode` (passed in, so this
+            module, which the loop imports, does not import the loop).
     Raises: ImportError if the installed transformers is older than 5.17.
     """
     if version.parse(transformers_version) < MIN_TRANSFORMERS:
@@ -318,6 +322,7 @@ def install() -> None:
     AttentionMaskInterface.register(PACKED_SDPA_NAME, sdpa_mask)
     AutoConfig.register(LongSpecConfig.model_type, LongSpecConfig, exist_ok=True)
     AutoModel.register(LongSpecConfig, LongSpecDraft, exist_ok=True)
+    _DECODE[:] = [decode]
     if _ORIGINALS:
         return
     _ORIGINALS["_assisted_decoding"] = GenerationMixin._assisted_decoding

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from transformers_longspec.trainers.chat_distill import (
+    CHAT_TASKS,
     chat_distill_rows,
     chat_prompts,
     generate_answers,
@@ -23,7 +24,7 @@ def test_prompts_name_the_task_and_fence_code():
     assert any("```python\n" in p for p in prompts) and any("Rivers carry" in p and "```" not in p for p in prompts)
     assert all(p.split("\n")[0].endswith((".", ":")) for p in chat_prompts(DOCS, 6, (40, 80), instruction_after=0))
     after = chat_prompts(DOCS, 6, (40, 80), seed=3, instruction_after=1)
-    starts = ("Summarize the", "Continue this", "Explain the", "Read the")
+    starts = tuple({" ".join(v.split()[:2]) for variants in CHAT_TASKS.values() for v in variants})
     assert all(not p.startswith(starts) and any(part.startswith(starts) for part in p.split("\n\n")[1:])
                and "following" not in p for p in after)
     assert any("the Python file above" in p or "the document above" in p for p in after)
@@ -34,6 +35,21 @@ def test_prompts_name_the_task_and_fence_code():
         chat_prompts(DOCS, 1, tasks="summarize")
     with pytest.raises(ValueError, match="unknown chat tasks"):
         chat_prompts(DOCS, 1, tasks=["translate"])
+
+
+def test_excerpts_start_and_end_on_whole_lines_or_words():
+    lines, words = {"def add(a, b):", "    return a + b"}, {"Rivers", "carry", "water", "to", "the", "sea."}
+    prompts = chat_prompts(DOCS, 40, prompt_chars=(100, 160), seed=5, tasks=["summarize"], instruction_after=0)
+    for prompt in prompts:
+        body = prompt.split("\n\n", 1)[1]
+        if body.startswith("```python\n"):  # a fifth of 100+ characters always holds a line break of this file
+            assert set(body.removeprefix("```python\n").removesuffix("\n```").split("\n")) <= lines
+        else:
+            assert set(body.split()) <= words
+    assert {p.startswith("Summarize the following Python") for p in prompts} == {True, False}
+    # the summaries' several forms are all asked for
+    assert {p.split("\n\n", 1)[0].replace("Python file", "{what}").replace("document", "{what}")
+            for p in prompts} == set(CHAT_TASKS["summarize"])
 
 
 def test_no_batch_starts_that_the_last_batch_time_says_would_end_past_the_budget(monkeypatch):

@@ -197,6 +197,27 @@ def test_long_chat_prompts_keep_their_share_of_the_time_budget(tmp_path, fake_si
             MixSpec(chat_long_budget_share=bad)
 
 
+def test_a_second_chat_round_reuses_the_cached_first_and_answers_new_prompts(tmp_path, fake_site):
+    """`chat_rounds`: a run with one round more rebuilds round 0's prompts exactly (their answers come from the
+    cache, none is generated again) and answers new prompts over the next documents."""
+    from transformers_longspec.trainers import mix
+
+    target, tok, cache = make_target("qwen2"), make_char_tokenizer(), tmp_path / "answers.jsonl"
+    spec = dict(chat_prompts=2, chat_prompt_chars=[60, 120], chat_max_new_tokens=4, chat_batch_size=4,
+                chat_kinds=["python"], roots=[str(fake_site)], min_chars=100, system_docs=False, chat_cache=str(cache))
+    one = mix.chat_rows(MixSpec(**spec), tok, target, mix.CorpusStats(Counter(), Counter()))
+    assert len(cache.read_text().splitlines()) == 2
+    stats = mix.CorpusStats(Counter(), Counter())
+    two = mix.chat_rows(MixSpec(**spec, chat_rounds=2), tok, target, stats)
+    assert two[:2] == one and len(two) == 4 and stats.documents["chat_rows"] == 4
+    assert len(cache.read_text().splitlines()) == 4 and stats.documents["chat_batches"] == 1  # the new round only
+    prompts = [tok.decode([t for t, label in zip(r["input_ids"], r["labels"]) if label == -100]) for r in two]
+    assert not set(prompts[:2]) & set(prompts[2:])
+    for bad in (0, 1.0, True):
+        with pytest.raises(ValueError, match="chat_rounds must be an int >= 1"):
+            MixSpec(chat_rounds=bad)
+
+
 def test_mix_recipe_builds_step_items_and_checks_its_settings(tmp_path, fake_site):
     from transformers_longspec.trainers.recipes import build_datasets, load_recipe
 
