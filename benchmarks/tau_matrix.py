@@ -53,6 +53,9 @@ def config_kwargs(name: str) -> dict:
     if name in CONFIGS:
         return CONFIGS[name]
     match = re.fullmatch(r"tree:(\d+(?:-\d+)*)(?:\+(\d+))?", name)
+    if match is None and name.isdigit():
+        raise ValueError(f"configuration {name!r} is a bare number: commas separate configurations, so a tree shape "
+                         "takes '-' between its widths, e.g. tree:8-16-16-16-16+10")
     if match is None:
         raise ValueError(f"unknown configuration {name!r}: use one of {list(CONFIGS)} or a tree shape "
                          "tree:W1-W2-...[+N], e.g. tree:8-16-16-16-16+10")
@@ -100,26 +103,34 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--configs", default=",".join(CONFIGS),
                    help=f"names of {list(CONFIGS)} or tree shapes tree:W1-W2-...[+N] (N retrieval tokens)")
+    p.add_argument("--data-dir", default=None,
+                   help="folder of the evaluation jsonl files (default $LONGSPEC_EVAL_DIR or shared/data/eval)")
     p.add_argument("--max-seconds", type=float, default=1e9,
                    help="start no new prompt after this many seconds (shared equally by the configurations)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     configs = args.configs.split(",")
-    kwargs_of = {name: config_kwargs(name) for name in configs}  # a bad name fails before the models load
+    eval_dir = Path(args.data_dir) if args.data_dir else default_eval_dir()
+    buckets = [int(b) for b in args.buckets.split(",")]
+    try:  # bad configurations and missing data fail before the models load
+        kwargs_of = {name: config_kwargs(name) for name in configs}
+        rows = []
+        for spec in args.datasets.split(","):
+            dataset, _, per_bucket = spec.partition(":")
+            rows += [(dataset, row) for row in select_eval_rows(eval_dir / f"{dataset}.jsonl", buckets,
+                                                                int(per_bucket or args.per_bucket))]
+    except (ValueError, FileNotFoundError) as err:
+        p.error(str(err))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     target, tokenizer = load_target(args.target, getattr(torch, args.dtype))
     target = target.to(device)
     draft = load_draft(args.draft, target)
-    eval_dir = default_eval_dir()
-    buckets = [int(b) for b in args.buckets.split(",")]
     prompts = []
-    for spec in args.datasets.split(","):
-        dataset, _, per_bucket = spec.partition(":")
-        for row in select_eval_rows(eval_dir / f"{dataset}.jsonl", buckets, int(per_bucket or args.per_bucket)):
-            ids = eval_prompt(row, tokenizer).to(device)
-            record = {"id": row["_id"], "dataset": row.get("dataset") or dataset, "bucket": row.get("bucket", 0),
-                      "prompt_tokens": ids.shape[1]}
-            prompts.append((record, ids))
+    for dataset, row in rows:
+        ids = eval_prompt(row, tokenizer).to(device)
+        record = {"id": row["_id"], "dataset": row.get("dataset") or dataset, "bucket": row.get("bucket", 0),
+                  "prompt_tokens": ids.shape[1]}
+        prompts.append((record, ids))
     prompts.sort(key=lambda p: -p[1].shape[1])  # the longest first: one engine per configuration serves them all
     meta = {"commit": os.environ.get("LONGSPEC_COMMIT", "unknown"), "device": torch.cuda.get_device_name()
             if device == "cuda" else platform.processor(), "target": args.target, "draft": args.draft,

@@ -186,9 +186,24 @@ def test_tau_matrix_takes_named_configurations_and_tree_shapes():
     assert module.config_kwargs("tree:8-16-16+10") == {"longspec_beam_widths": [8, 16, 16], "longspec_retrieval": 10}
     assert module.config_kwargs("tree:2") == {"longspec_beam_widths": [2], "longspec_retrieval": 0}
     assert module.config_kwargs("chain") == module.CONFIGS["chain"]
-    for bad in ("tree:8,16", "tree:", "wide"):
+    for bad in ("tree:", "wide", "tree:8-"):
         with pytest.raises(ValueError, match="tree:W1-W2"):
             module.config_kwargs(bad)
+    with pytest.raises(ValueError, match="commas separate configurations"):
+        module.config_kwargs("16")  # what is left of "tree:8,16" after the split
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--configs", "tree:8,16"], "commas separate configurations"),
+    (["--data-dir", "no-such-folder"], "code_completion.jsonl not found"),
+])
+def test_tau_matrix_refuses_bad_arguments_before_loading_a_model(monkeypatch, capsys, argv, message):
+    module = _load(TESTS.parent / "benchmarks" / "tau_matrix.py")
+    # a target that cannot load: the refusal must come first
+    monkeypatch.setattr(sys, "argv", ["tau_matrix.py", "--target", "no-such-model", "--out", "x.json", *argv])
+    with pytest.raises(SystemExit) as done:
+        module.main()
+    assert done.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_eval_lossless_uses_the_shared_helpers():
