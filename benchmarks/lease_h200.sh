@@ -177,7 +177,8 @@ case "${1:-}" in
     [ "${PROFILE_TRAIN:-1}" = 0 ] || python3 benchmarks/train_profile.py --out "$OUT/train_profile.json" ;;
   chat)  # the Qwen target's chat answers, cached for the train phase (which then generates none)
     pkg /tmp/pkg-chat
-    [ -f "$HOME/chat-cache-qwen15.jsonl" ] || [ ! -f "$CHAT_KEPT" ] || gunzip -c "$CHAT_KEPT" > "$HOME/chat-cache-qwen15.jsonl"
+    [ -f "$HOME/chat-cache-qwen15.jsonl" ] || [ ! -f "$CHAT_KEPT" ] || \
+      gunzip -c "$CHAT_KEPT" > "$HOME/chat-cache-qwen15.jsonl"
     # shellcheck disable=SC2046
     python3 -m transformers_longspec.cli data --chat --recipe "$RECIPE" --target "$HOME/qwen15" \
       $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-240}")")") ;;
@@ -260,7 +261,8 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       split -b 15M -d "$HOME/draft-qwen15.int8.safetensors" "$OUT/draft-qwen15.int8.safetensors.part"
     [ ! -f "$HOME/draft-qwen15.int4.safetensors" ] || \
       split -b 15M -d "$HOME/draft-qwen15.int4.safetensors" "$OUT/draft-qwen15.int4.safetensors.part"
-    [ ! -f "$HOME/chat-cache-qwen15.jsonl" ] || gzip -9c "$HOME/chat-cache-qwen15.jsonl" > "$OUT/chat-answers-qwen15.jsonl.gz"
+    [ ! -f "$HOME/chat-cache-qwen15.jsonl" ] || \
+      gzip -9c "$HOME/chat-cache-qwen15.jsonl" > "$OUT/chat-answers-qwen15.jsonl.gz"
     ls -la "$OUT" ;;
   *)
     echo "usage: bash benchmarks/lease_h200.sh launch | sync | wait SECS" >&2; exit 2 ;;
