@@ -337,41 +337,38 @@ def short_and_long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> tuple[l
 
 def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict]:
     """Chat self-distillation rows: prompts over corpus documents (short ones, then long ones; `spec.chat_rounds`
-    rounds of them), the target's greedy answers (cached in `spec.chat_cache`). Returns a list of {"input_ids",
-    "labels"} (lists of int64; labels -100 off the answers)."""
-    start, rows = time.perf_counter(), []
-    for round_, (count, chars, long) in itertools.product(
-            range(spec.chat_rounds), ((spec.chat_prompts, spec.chat_prompt_chars, False),
-                                      (spec.chat_long_prompts, spec.chat_long_prompt_chars, True))):
+    rounds of each, earlier rounds first), the target's greedy answers (cached in `spec.chat_cache`). Returns a list
+    of {"input_ids", "labels"} (lists of int64; labels -100 off the answers)."""
+    start, rows, counts = time.perf_counter(), [], stats.documents
+    for count, chars, long in ((spec.chat_prompts, spec.chat_prompt_chars, False),
+                               (spec.chat_long_prompts, spec.chat_long_prompt_chars, True)):
         if not count:
             continue
-        before, documents = len(rows), _chat_documents(spec, count, chars, long, stats, round_)
-        prompts = chat_prompts(documents, count, tuple(chars), seed=spec.seed + long + 1000 * round_)
-        prompt_ids = render_prompts(tokenizer, prompts)
-        batch = max(1, spec.chat_batch_size * spec.chat_prompt_chars[1] // chars[1])  # tokens per batch kept
-        budget = spec.chat_time_budget_s
-        if budget is not None and not long and spec.chat_long_prompts:  # the long prompts' share is kept for them
-            budget *= 1.0 - spec.chat_long_budget_share
-        budget = None if budget is None else max(budget - (time.perf_counter() - start), 0.0)
-        seconds = []
-        answers = generate_answers(target, tokenizer, prompt_ids, spec.chat_max_new_tokens, batch, budget,
-                                   spec.chat_cache, batch_seconds=seconds)
-        rows += chat_distill_rows(prompt_ids, answers, spec.chat_loss)
-        name = "chat_long" if long else "chat"
-        counts = stats.documents
-        counts[f"{name}_rows"] = counts.get(f"{name}_rows", 0) + len(rows) - before
-        counts[f"{name}_batches"] = counts.get(f"{name}_batches", 0) + len(seconds)  # where the time went
-        counts[f"{name}_batch_s_max"] = round(max(seconds + [counts.get(f"{name}_batch_s_max", 0.0)]), 1)
-    stats.documents["chat_generate_s"] = round(time.perf_counter() - start, 1)
+        name, before, seconds = "chat_long" if long else "chat", len(rows), []
+        for round_, documents in enumerate(_chat_documents(spec, count, chars, long, stats)):
+            prompts = chat_prompts(documents, count, tuple(chars), seed=spec.seed + long + 1000 * round_)
+            prompt_ids = render_prompts(tokenizer, prompts)
+            batch = max(1, spec.chat_batch_size * spec.chat_prompt_chars[1] // chars[1])  # tokens per batch kept
+            budget = spec.chat_time_budget_s
+            if budget is not None and not long and spec.chat_long_prompts:  # the long prompts' share is kept
+                budget *= 1.0 - spec.chat_long_budget_share
+            budget = None if budget is None else max(budget - (time.perf_counter() - start), 0.0)
+            answers = generate_answers(target, tokenizer, prompt_ids, spec.chat_max_new_tokens, batch, budget,
+                                       spec.chat_cache, batch_seconds=seconds)
+            rows += chat_distill_rows(prompt_ids, answers, spec.chat_loss)
+        counts[f"{name}_rows"] = len(rows) - before
+        counts[f"{name}_batches"] = len(seconds)  # where the generation time went
+        counts[f"{name}_batch_s_max"] = round(max(seconds, default=0.0), 1)
+    counts["chat_generate_s"] = round(time.perf_counter() - start, 1)
     return rows
 
 
-def _chat_documents(spec: MixSpec, count: int, chars, long: bool, stats: CorpusStats,
-                    round_: int = 0) -> list[tuple[str, str]]:
+def _chat_documents(spec: MixSpec, count: int, chars, long: bool, stats: CorpusStats) -> list[list[tuple[str, str]]]:
     """(kind, text) documents for `count` chat prompts of `chars` = (min, max) characters, the kinds of
-    `spec.chat_kinds` in turn: corpus documents, or joined neighbouring files of one package (`long`); round r takes
-    each kind's documents after those of rounds 0..r-1, from the first again when they run out."""
-    per_kind, documents = max(1, count // max(len(spec.chat_kinds), 1)), []
+    `spec.chat_kinds` in turn: corpus documents, or joined neighbouring files of one package (`long`); one list per
+    round of `spec.chat_rounds`, from one scan: round r takes each kind's documents after those of rounds 0..r-1,
+    from the first again when they run out."""
+    per_kind, rounds = max(1, count // max(len(spec.chat_kinds), 1)), [[] for _ in range(spec.chat_rounds)]
     for kind in spec.chat_kinds:
         if long:
             docs = repository_documents(kind, _roots(spec, kind), min_chars=chars[0], max_chars=2 * chars[1],
@@ -379,15 +376,17 @@ def _chat_documents(spec: MixSpec, count: int, chars, long: bool, stats: CorpusS
         else:
             docs = corpus_documents(kind, _roots(spec, kind), min_chars=chars[0], max_chars=100_000,
                                     seed=spec.seed + 1, system_docs=spec.system_docs, stats=stats)
-        found = list(itertools.islice(docs, (round_ + 1) * per_kind))
-        first = round_ * per_kind % max(len(found), 1)
-        documents.extend((kind, d) for d in (found[first:] + found[:first])[:per_kind])
-    random.Random(spec.seed + round_).shuffle(documents)
-    if not documents:
+        found = list(itertools.islice(docs, spec.chat_rounds * per_kind))
+        for round_, documents in enumerate(rounds):
+            first = round_ * per_kind % max(len(found), 1)
+            documents.extend((kind, d) for d in (found[first:] + found[:first])[:per_kind])
+    for round_, documents in enumerate(rounds):
+        random.Random(spec.seed + round_).shuffle(documents)
+    if not rounds[0]:
         name = "chat_long_prompt_chars" if long else "chat_prompt_chars"
         raise ValueError(f"chat self-distillation found no documents of kinds {spec.chat_kinds} (min {chars[0]} "
                          f"characters); lower {name}")
-    return documents
+    return rounds
 
 
 def read_user_jsonl(path: str | Path) -> list[dict]:

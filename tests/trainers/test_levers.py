@@ -205,11 +205,13 @@ def test_a_second_chat_round_reuses_the_cached_first_and_answers_new_prompts(tmp
     target, tok, cache = make_target("qwen2"), make_char_tokenizer(), tmp_path / "answers.jsonl"
     spec = dict(chat_prompts=2, chat_prompt_chars=[60, 120], chat_max_new_tokens=4, chat_batch_size=4,
                 chat_kinds=["python"], roots=[str(fake_site)], min_chars=100, system_docs=False, chat_cache=str(cache))
-    one = mix.chat_rows(MixSpec(**spec), tok, target, mix.CorpusStats(Counter(), Counter()))
+    first = mix.CorpusStats(Counter(), Counter())
+    one = mix.chat_rows(MixSpec(**spec), tok, target, first)
     assert len(cache.read_text().splitlines()) == 2
     stats = mix.CorpusStats(Counter(), Counter())
     two = mix.chat_rows(MixSpec(**spec, chat_rounds=2), tok, target, stats)
     assert two[:2] == one and len(two) == 4 and stats.documents["chat_rows"] == 4
+    assert stats.documents["python"] == first.documents["python"]  # one scan serves both rounds (one file here)
     assert len(cache.read_text().splitlines()) == 4 and stats.documents["chat_batches"] == 1  # the new round only
     prompts = [tok.decode([t for t, label in zip(r["input_ids"], r["labels"]) if label == -100]) for r in two]
     assert not set(prompts[:2]) & set(prompts[2:])
