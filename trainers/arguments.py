@@ -5,12 +5,11 @@ Reference: LongSpec (arXiv 2502.17421) §3.2; transformers `TrainingArguments`.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from .noisy import check_noise_max, check_noise_weights
+from .noisy import check_noise_offsets_per_step
 from .sharding import TARGET_SHARDING_MODES
 
 __all__ = ["LONGSPEC_DEFAULTS", "LongSpecTrainingArguments"]
@@ -140,16 +139,8 @@ class LongSpecTrainingArguments(TrainingArguments):
             raise ValueError(f"anchor_max_length must be a positive number of tokens, got {self.anchor_max_length}")
         if self.max_position is not None and self.max_position < 1:
             raise ValueError(f"max_position must be a positive number of tokens or None, got {self.max_position}")
-        check_noise_max(self.noise_max)
-        if self.noise_weights is not None:
-            check_noise_weights(self.noise_weights, self.noise_max)
-        nonzero = self.noise_max if self.noise_weights is None else sum(w > 0 for w in self.noise_weights)
-        per_step = self.noise_offsets_per_step
-        if isinstance(per_step, bool) or not isinstance(per_step, numbers.Integral) or not (
-                1 <= per_step <= nonzero):
-            raise ValueError(f"noise_offsets_per_step must be an int in [1, {nonzero}] (noise_max, or the non-zero "
-                             f"noise_weights), got {per_step!r}")
-        self.noise_offsets_per_step = int(per_step)
+        self.noise_offsets_per_step = check_noise_offsets_per_step(self.noise_offsets_per_step, self.noise_max,
+                                                                   self.noise_weights)  # noise_max and the weights too
         if not self.noisy_training and (self.noise_weights is not None or self.noise_offsets_per_step != 1):
             raise ValueError("noise_weights / noise_offsets_per_step choose the noise offsets of noisy training, "
                              "which noisy_training=False turns off (every step at j = 1): drop them or set "

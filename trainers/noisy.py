@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["check_noise_max", "check_noise_weights", "mask_noisy_labels", "noise_visibility_mask",
-           "sample_noise_offset", "sample_noise_offsets"]
+__all__ = ["check_noise_max", "check_noise_offsets_per_step", "check_noise_weights", "mask_noisy_labels",
+           "noise_visibility_mask", "sample_noise_offset", "sample_noise_offsets"]
 
 
 def sample_noise_offset(noise_max: int, generator: torch.Generator | None = None,
@@ -77,18 +77,30 @@ def sample_noise_offsets(noise_max: int, count: int, generator: torch.Generator 
         `weights` (see `sample_noise_offset`).
     Reference: LongSpec §3.2, Alg. 2 (one offset per step); several per step are ours.
     """
-    check_noise_max(noise_max)
-    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or not 1 <= count <= noise_max:
-        raise ValueError(f"noise_offsets_per_step must be an int in [1, noise_max={noise_max}], got {count!r}")
-    count = int(count)
+    count = check_noise_offsets_per_step(count, noise_max, weights)
     if count == 1:
         return [sample_noise_offset(noise_max, generator, weights)]
     probabilities = torch.ones(noise_max, dtype=torch.float64) if weights is None else check_noise_weights(
         weights, noise_max)
-    if int((probabilities > 0).sum()) < count:
-        raise ValueError(f"noise_offsets_per_step={count} needs at least {count} non-zero noise_weights, got "
-                         f"{list(weights)}")
     return [int(j) + 1 for j in torch.multinomial(probabilities, count, replacement=False, generator=generator)]
+
+
+def check_noise_offsets_per_step(count, noise_max: int, weights: Sequence[float] | None = None) -> int:
+    """`count` (noise offsets trained per step, `noise_offsets_per_step`) as an int, checked against `noise_max`
+    and, with `weights`, against the number of non-zero weights (the offsets a step can draw without repeats).
+
+    Raises: ValueError naming the problem: a bad `noise_max` or `weights` (`check_noise_max`, `check_noise_weights`),
+        a count that is not an int in [1, noise_max], or more offsets than non-zero weights.
+    """
+    check_noise_max(noise_max)
+    nonzero = noise_max if weights is None else int((check_noise_weights(weights, noise_max) > 0).sum())
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or not 1 <= count <= noise_max:
+        raise ValueError(f"noise_offsets_per_step must be an int in [1, noise_max={noise_max}], got {count!r}")
+    if count > nonzero:
+        raise ValueError(f"noise_offsets_per_step must be an int in [1, {nonzero}] (the non-zero noise_weights): "
+                         f"noise_offsets_per_step={count} needs at least {count} non-zero noise_weights, got "
+                         f"{list(weights)}")
+    return int(count)
 
 
 def check_noise_weights(weights: Sequence[float], noise_max: int) -> torch.Tensor:
