@@ -9,9 +9,9 @@ target's top-k distribution does. Per supervised position t (predicting token t 
           = KL(p_k || q) + H(p_k)                                    (H(p_k) does not depend on the draft)
 
 mixed with the hard cross-entropy as (1 - w) * CE + w * soft (`soft_labels_weight`). The target's top-k come from
-the same LM-head pass that gives the argmax labels (`target_topk`), in chunks; the draft's logits are computed
-chunk by chunk under activation checkpointing, once for both terms, so one chunk of (batch, chunk, vocab) fp32
-logits is alive at a time. With `draft_vocab_loss` q is the softmax over the draft's vocabulary and the batch's
+the same LM-head pass that gives the argmax labels (`target_topk`), in chunks; the draft's loss for both terms is
+one `sparse_cross_entropy` per chunk (the k + 1 ids and their weights, fused through the logits' LSE), so one chunk
+of (batch, chunk, vocab) fp32 logits is alive at a time. With `draft_vocab_loss` q is the softmax over the draft's vocabulary and the batch's
 tokens only (`draft_vocab_loss_parts`, `vocabulary_targets`), near the set `generate` proposes from (the vocabulary
 and the prompt's tokens).
 
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+
+from .sparse_cross_entropy import sparse_cross_entropy
 
 __all__ = ["draft_vocab_loss_parts", "require_draft_vocabulary", "soft_distill_loss", "target_topk",
            "vocabulary_targets"]
@@ -53,17 +54,6 @@ def target_topk(target, hidden: torch.Tensor, k: int, chunk: int = 512) -> tuple
             top = target.lm_head(hidden[:, start : start + chunk]).topk(k, dim=-1)  # in the target's dtype
             values[:, start : start + chunk], ids[:, start : start + chunk] = top.values.float(), top.indices
     return values, ids
-
-
-def _chunk_soft_sum(lm_logits, states, top_logits, top_ids, mask, hard_labels, soft_weight: float) -> torch.Tensor:
-    """Summed w * soft + (1 - w) * hard cross-entropy of one chunk from ONE LM-head pass: states (b, c, h), top_*
-    (b, c, k), mask (b, c) float, hard_labels (b, c) int64 (read only when w < 1) → () fp32."""
-    log_q = torch.log_softmax(lm_logits(states), dim=-1)
-    per_position = -(torch.softmax(top_logits, dim=-1) * log_q.gather(-1, top_ids)).sum(-1)
-    if soft_weight < 1.0:
-        hard = -log_q.gather(-1, hard_labels.clamp(min=0)[..., None])[..., 0]
-        per_position = soft_weight * per_position + (1.0 - soft_weight) * hard
-    return (per_position * mask).sum()
 
 
 def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor, top_ids: torch.Tensor,
@@ -96,18 +86,16 @@ def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor,
     mask[:, :-1] = labels[:, 1:] != -100
     mask[:, :noise_offset] = False
     total = hidden.float().sum() * 0.0
-    recompute = torch.is_grad_enabled() and hidden.requires_grad
     for start in range(0, hidden.shape[1] - 1, chunk):
         end = min(start + chunk, hidden.shape[1] - 1)
-        part = mask[:, start:end]
+        part = mask[:, start:end, None]
         if not part.any():
             continue
-        args = (hidden[:, start:end], top_logits[:, start:end], top_ids[:, start:end], part.float(),
-                labels[:, start + 1 : end + 1], soft_weight)
-        if recompute:
-            total = total + checkpoint(_chunk_soft_sum, lm_logits, *args, use_reentrant=False)
-        else:
-            total = total + _chunk_soft_sum(lm_logits, *args)
+        soft = torch.softmax(top_logits[:, start:end].float(), dim=-1) * soft_weight
+        hard = labels[:, start + 1 : end + 1, None].clamp(min=0)
+        ids = torch.cat([top_ids[:, start:end], hard], dim=-1)
+        weights = torch.cat([soft, torch.full(hard.shape, 1.0 - soft_weight, device=soft.device)], dim=-1) * part
+        total = total + sparse_cross_entropy(lm_logits, hidden[:, start:end], ids, weights)
     return total / mask.sum().clamp(min=1)
 
 
