@@ -286,9 +286,14 @@ def test_rows_cache_is_built_once_and_refused_when_stale(tmp_path, fake_site, mo
             "chat_kinds": ["python"], "chat_cache": str(tmp_path / "answers.jsonl")}
     recipe.write_text(json.dumps({"data": {"source": "mix", "format": "mix", "mix": chat}}))
     monkeypatch.setattr(mix_module, "corpus_documents", real_documents)
-    monkeypatch.setattr("transformers_longspec.cli.train.load_target", lambda *a: (make_target("qwen2"), tok))
+    dtypes = []
+    monkeypatch.setattr("transformers_longspec.cli.train.load_target",
+                        lambda spec, dtype, device: dtypes.append(dtype) or (make_target("qwen2"), tok))
     assert main(["data", "--chat", "--recipe", str(recipe), "--target", "unused", "--device", "cpu"]) == 0
     assert len((tmp_path / "answers.jsonl").read_text().splitlines()) == 3  # the answers train reads, not regenerates
+    assert main(["data", "--chat", "--recipe", str(recipe), "--target", "unused", "--device", "cpu",
+                 "--dtype", "bf16"]) == 0
+    assert dtypes == [torch.float32, torch.bfloat16]  # auto on a CPU is fp32; --dtype bf16 asks for bf16
 
 
 def test_draft_vocab_loss_is_the_soft_loss_with_other_columns_masked():

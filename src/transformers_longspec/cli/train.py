@@ -112,6 +112,9 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
                    help="instead, load the target and generate its chat self-distillation answers into "
                    "data.mix.chat_cache (on a GPU: batched greedy generation)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where --chat generates")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="the target's dtype for --chat; auto = bf16 on CUDA, fp32 on CPU (bf16 is several times "
+                   "faster on CPUs with bf16 matrix units; the answers may differ from fp32 ones at near-ties)")
     _add_data_options(p)
     p.set_defaults(func=run_data)
     return p
@@ -136,7 +139,8 @@ def run_data(args) -> dict:
     start, stats, spec = time.perf_counter(), CorpusStats.empty(), MixSpec(**recipe.data.mix)
     if args.chat:
         device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        target, tokenizer = load_target(args.target, torch.bfloat16 if device == "cuda" else torch.float32, device)
+        bf16 = {"bf16": True, "fp32": False}.get(args.dtype, device == "cuda")
+        target, tokenizer = load_target(args.target, torch.bfloat16 if bf16 else torch.float32, device)
         built = f"{len(chat_rows(spec, tokenizer, target, stats))} chat rows"
     else:
         short, long_rows = short_and_long_rows(spec, load_tokenizer(args.target), stats)
