@@ -69,19 +69,27 @@ def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor,
     Args:
         lm_logits: the draft's `lm_logits` (normed states → fp32 logits over the vocabulary).
         hidden: (batch, seq, hidden) the draft's normed output states (`LongSpecDraftOutput.hidden_states`).
-        top_logits, top_ids: (batch, seq, k) from `target_topk`, for the same tokens.
+        top_logits, top_ids: (batch, seq, k) from `target_topk`, for the same tokens; both None for the hard loss
+            alone (`soft_weight` is then ignored).
         labels: (batch, seq) int64, unshifted (-100 = not supervised), as given to the draft; position t's hard label
             is `labels[:, t + 1]`.
         noise_offset: j of flash noisy training (>= 1).
         chunk: positions per LM-head chunk.
         soft_weight: w in [0, 1] (1 = soft only).
     Returns: () fp32 loss (0, still in the graph, when nothing is supervised).
-    Raises: ValueError if shapes disagree.
+    Raises: ValueError if shapes disagree or only one of top_logits / top_ids is given.
     Reference: knowledge distillation (Hinton et al., 2015); LongSpec §3.2, Alg. 2 (dropped queries).
     """
+    if (top_logits is None) != (top_ids is None):
+        raise ValueError("soft_distill_loss takes top_logits and top_ids together (both None: the hard loss alone)")
+    hard_only = top_logits is None
+    if hard_only:
+        top_logits = hidden.new_empty(*hidden.shape[:2], 0, dtype=torch.float32)
+        top_ids = torch.empty(*hidden.shape[:2], 0, dtype=torch.long, device=hidden.device)
     if top_ids.shape != top_logits.shape or top_ids.shape[:2] != hidden.shape[:2] or labels.shape != hidden.shape[:2]:
         raise ValueError(f"hidden {tuple(hidden.shape)}, labels {tuple(labels.shape)}, top-k "
                          f"{tuple(top_logits.shape)} / {tuple(top_ids.shape)} must share (batch, seq)")
+    soft_weight = 0.0 if hard_only else soft_weight
     mask = torch.zeros(labels.shape, dtype=torch.bool, device=labels.device)
     mask[:, :-1] = labels[:, 1:] != -100
     mask[:, :noise_offset] = False

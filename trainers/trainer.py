@@ -194,8 +194,8 @@ class LongSpecTrainer(Trainer):
             offsets = sample_noise_offsets(self._option("noise_max"), self._option("noise_offsets_per_step"),
                                            generator, self._option("noise_weights"))
         keys, values, hidden, labels, top = self._target_pass(input_ids, position_ids, attention_mask, labels)
-        soft = self._soft_head(model, input_ids, labels, top)  # the same for every offset
-        losses = [self._draft_loss(model, input_ids, position_ids, keys, values, hidden, labels, soft, j)
+        targets = self._loss_targets(model, input_ids, labels, top)  # the same for every offset
+        losses = [self._draft_loss(model, input_ids, position_ids, keys, values, hidden, labels, targets, j)
                   for j in offsets]  # every offset reads the same target pass
         outputs = losses[-1]
         outputs["loss"] = sum(o.loss for o in losses) / len(losses)
@@ -216,29 +216,27 @@ class LongSpecTrainer(Trainer):
         return loss.detach(), None, None
 
     # ------------------------------------------------------------------ helpers (not Trainer hooks)
-    def _soft_head(self, model, input_ids, labels, top):
-        """None without soft labels (`top` None); else (LM head, (top logits, top ids, labels)) for
-        `soft_distill_loss`: the target's whole vocabulary, or with `draft_vocab_loss` the draft's vocabulary + the
-        batch's tokens."""
+    def _loss_targets(self, model, input_ids, labels, top):
+        """(LM head, (top logits, top ids, labels)) for `soft_distill_loss`: the target's whole vocabulary with its
+        top-k, or (None, None, labels) without soft labels (`top` None: the hard loss alone); with `draft_vocab_loss`
+        the draft's vocabulary + the batch's tokens."""
         if top is None:
-            return None
+            return unwrap_draft(model).lm_logits, (None, None, labels)
         if self._option("draft_vocab_loss"):
             return draft_vocab_loss_parts(unwrap_draft(model), input_ids, *top, labels)
         return unwrap_draft(model).lm_logits, (*top, labels)
 
-    def _draft_loss(self, model, input_ids, position_ids, keys, values, hidden, labels, soft, noise: int):
-        """The draft's `LongSpecDraftOutput` at noise offset `noise`: its hard loss, or with `soft` = (LM head,
-        (top logits, top ids, labels)) the hard + soft loss (`soft_labels`)."""
-        outputs = model(  # with soft labels the hard loss is computed below, from the same LM-head pass
+    def _draft_loss(self, model, input_ids, position_ids, keys, values, hidden, labels, targets, noise: int):
+        """The draft's `LongSpecDraftOutput` at noise offset `noise`, its loss from `soft_distill_loss` on `targets` =
+        (LM head, (top logits, top ids, labels)): the hard + soft loss, or the hard loss alone without top-k (the same
+        value as the draft's own `forward(labels=...)` loss, through the fused LSE cross-entropy)."""
+        outputs = model(
             input_ids=input_ids, target_keys=keys, target_values=values, position_ids=position_ids,
-            labels=labels if soft is None else None, noise_offset=noise,
-            target_hidden=hidden if unwrap_draft(model).config.target_hidden_input else None,
-            loss_chunk_size=self._option("loss_chunk_size"),
+            noise_offset=noise, target_hidden=hidden if unwrap_draft(model).config.target_hidden_input else None,
         )
-        if soft is not None:
-            lm_logits, targets = soft
-            outputs["loss"] = soft_distill_loss(lm_logits, outputs.hidden_states, *targets, noise,
-                                                self._option("loss_chunk_size"), self._option("soft_labels_weight"))
+        lm_logits, (top_logits, top_ids, labels) = targets
+        outputs["loss"] = soft_distill_loss(lm_logits, outputs.hidden_states, top_logits, top_ids, labels, noise,
+                                            self._option("loss_chunk_size"), self._option("soft_labels_weight"))
         return outputs
 
     def _target_pass(self, input_ids, position_ids, attention_mask, labels):

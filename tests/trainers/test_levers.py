@@ -255,6 +255,13 @@ def test_mixed_soft_and_hard_loss_is_one_pass_of_both_terms():
     mixed = soft_distill_loss(draft.lm_logits, out.hidden_states, *top, labels, noise_offset=2, chunk=7,
                               soft_weight=0.3)
     assert mixed.item() == pytest.approx(0.3 * soft.item() + 0.7 * out.loss.item(), rel=1e-5)
+    hard = soft_distill_loss(draft.lm_logits, out.hidden_states, None, None, labels, noise_offset=2, chunk=7)
+    assert hard.item() == pytest.approx(out.loss.item(), rel=1e-5)  # the trainer's loss without soft labels
+    (grad_fused,) = torch.autograd.grad(hard, out.hidden_states, retain_graph=True)
+    (grad_forward,) = torch.autograd.grad(out.loss, out.hidden_states)
+    torch.testing.assert_close(grad_fused, grad_forward, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="together"):
+        soft_distill_loss(draft.lm_logits, out.hidden_states, top[0], None, labels)
 
 
 def test_rows_cache_is_built_once_and_refused_when_stale(tmp_path, fake_site, monkeypatch):

@@ -154,9 +154,9 @@ def test_several_offsets_per_step_share_one_target_pass_and_average_their_losses
     for j in (1, 2):  # each offset alone, through the same helper, on the same target pass
         keys, values, hidden, labels, top = trainer._target_pass(batch["input_ids"], torch.arange(32).expand(4, 32),
                                                                  None, batch["input_ids"])
-        soft = trainer._soft_head(trainer.model, batch["input_ids"], labels, top)
+        targets = trainer._loss_targets(trainer.model, batch["input_ids"], labels, top)
         singles.append(trainer._draft_loss(trainer.model, batch["input_ids"], torch.arange(32).expand(4, 32), keys,
-                                           values, hidden, labels, soft, j).loss)
+                                           values, hidden, labels, targets, j).loss)
     torch.testing.assert_close(loss, (singles[0] + singles[1]) / 2)
     assert not torch.isclose(singles[0], singles[1])  # the two offsets are two different losses
     before = trainer.evaluate()["eval_loss"]
