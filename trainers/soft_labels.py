@@ -11,9 +11,9 @@ target's top-k distribution does. Per supervised position t (predicting token t 
 mixed with the hard cross-entropy as (1 - w) * CE + w * soft (`soft_labels_weight`). The target's top-k come from
 the same LM-head pass that gives the argmax labels (`target_topk`), in chunks; the draft's loss for both terms is
 one `sparse_cross_entropy` per chunk (the k + 1 ids and their weights, fused through the logits' LSE), so one chunk
-of (batch, chunk, vocab) fp32 logits is alive at a time. With `draft_vocab_loss` q is the softmax over the draft's vocabulary and the batch's
-tokens only (`draft_vocab_loss_parts`, `vocabulary_targets`), near the set `generate` proposes from (the vocabulary
-and the prompt's tokens).
+of (batch, chunk, vocab) fp32 logits is alive at a time. With `draft_vocab_loss` q is the softmax over the draft's
+vocabulary and the batch's tokens only (`draft_vocab_loss_parts`, `vocabulary_targets`), near the set `generate`
+proposes from (the vocabulary and the prompt's tokens).
 
 Reference: Hinton et al. 2015 (knowledge distillation); DistillSpec (Zhou et al., 2023, speculative drafts
 distilled on the target's distribution); LongSpec (arXiv 2502.17421) §3.2 (the draft's next-token loss).

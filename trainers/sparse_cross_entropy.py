@@ -76,6 +76,7 @@ class _SparseCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a second derivative raises instead of being wrong
     def backward(ctx, grad):
         states, ids, weights, lse = ctx.saved_tensors
         device, autocast, autocast_dtype = ctx.autocast

@@ -79,3 +79,12 @@ def test_bad_input_is_refused():
         sparse_cross_entropy(head, states[:, :4], ids, weights)
     with pytest.raises(ValueError, match="weights.detach"):
         sparse_cross_entropy(head, states, ids, weights.requires_grad_())
+
+
+def test_second_derivative_is_refused():
+    """The backward is not itself differentiable: a double backward must raise, never return a wrong value."""
+    head, states, ids, weights = _case(7)
+    leaf = states.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(sparse_cross_entropy(head, leaf, ids, weights), leaf, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):  # no silent 2nd derivative
+        grad.sum().backward()
