@@ -195,7 +195,7 @@ class LongSpecTrainer(Trainer):
                                            generator, self._option("noise_weights"))
         keys, values, hidden, labels, top = self._target_pass(input_ids, position_ids, attention_mask, labels)
         targets = self._loss_targets(model, input_ids, labels, top)  # the same for every offset
-        losses = [self._draft_loss(model, input_ids, position_ids, keys, values, hidden, labels, targets, j)
+        losses = [self._draft_loss(model, input_ids, position_ids, keys, values, hidden, targets, j)
                   for j in offsets]  # every offset reads the same target pass
         outputs = losses[-1]
         outputs["loss"] = sum(o.loss for o in losses) / len(losses)
@@ -226,7 +226,7 @@ class LongSpecTrainer(Trainer):
             return draft_vocab_loss_parts(unwrap_draft(model), input_ids, *top, labels)
         return unwrap_draft(model).lm_logits, (*top, labels)
 
-    def _draft_loss(self, model, input_ids, position_ids, keys, values, hidden, labels, targets, noise: int):
+    def _draft_loss(self, model, input_ids, position_ids, keys, values, hidden, targets, noise: int):
         """The draft's `LongSpecDraftOutput` at noise offset `noise`, its loss from `soft_distill_loss` on `targets` =
         (LM head, (top logits, top ids, labels)): the hard + soft loss, or the hard loss alone without top-k (the same
         value as the draft's own `forward(labels=...)` loss, through the fused LSE cross-entropy)."""

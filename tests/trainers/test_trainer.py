@@ -156,7 +156,7 @@ def test_several_offsets_per_step_share_one_target_pass_and_average_their_losses
                                                                  None, batch["input_ids"])
         targets = trainer._loss_targets(trainer.model, batch["input_ids"], labels, top)
         singles.append(trainer._draft_loss(trainer.model, batch["input_ids"], torch.arange(32).expand(4, 32), keys,
-                                           values, hidden, labels, targets, j).loss)
+                                           values, hidden, targets, j).loss)
     torch.testing.assert_close(loss, (singles[0] + singles[1]) / 2)
     assert not torch.isclose(singles[0], singles[1])  # the two offsets are two different losses
     before = trainer.evaluate()["eval_loss"]
