@@ -56,8 +56,8 @@ def target_topk(target, hidden: torch.Tensor, k: int, chunk: int = 512) -> tuple
     return values, ids
 
 
-def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor, top_ids: torch.Tensor,
-                      labels: torch.Tensor, noise_offset: int = 1, chunk: int = 2048,
+def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor | None,
+                      top_ids: torch.Tensor | None, labels: torch.Tensor, noise_offset: int = 1, chunk: int = 2048,
                       soft_weight: float = 1.0) -> torch.Tensor:
     """Mean soft cross-entropy of the draft against the target's top-k over the supervised positions, mixed with the
     hard cross-entropy on `labels`: w * soft + (1 - w) * hard, both from one LM-head pass per chunk.
@@ -77,19 +77,23 @@ def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor,
         chunk: positions per LM-head chunk.
         soft_weight: w in [0, 1] (1 = soft only).
     Returns: () fp32 loss (0, still in the graph, when nothing is supervised).
-    Raises: ValueError if shapes disagree or only one of top_logits / top_ids is given.
+    Raises: ValueError if shapes disagree, only one of top_logits / top_ids is given, or a label is negative other
+        than -100 (torch's gather raises for one >= the vocabulary).
     Reference: knowledge distillation (Hinton et al., 2015); LongSpec §3.2, Alg. 2 (dropped queries).
     """
     if (top_logits is None) != (top_ids is None):
         raise ValueError("soft_distill_loss takes top_logits and top_ids together (both None: the hard loss alone)")
-    hard_only = top_logits is None
-    if hard_only:
+    if labels.shape != hidden.shape[:2]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} must share (batch, seq)")
+    if bool(((labels < 0) & (labels != -100)).any()):
+        raise ValueError(f"labels must be token ids or -100 (not supervised), got {labels.min().item()}")
+    if top_logits is None:  # the hard loss alone: no top-k columns, weight 1 on the label
         top_logits = hidden.new_empty(*hidden.shape[:2], 0, dtype=torch.float32)
         top_ids = torch.empty(*hidden.shape[:2], 0, dtype=torch.long, device=hidden.device)
-    if top_ids.shape != top_logits.shape or top_ids.shape[:2] != hidden.shape[:2] or labels.shape != hidden.shape[:2]:
-        raise ValueError(f"hidden {tuple(hidden.shape)}, labels {tuple(labels.shape)}, top-k "
-                         f"{tuple(top_logits.shape)} / {tuple(top_ids.shape)} must share (batch, seq)")
-    soft_weight = 0.0 if hard_only else soft_weight
+        soft_weight = 0.0
+    if top_ids.shape != top_logits.shape or top_ids.shape[:2] != hidden.shape[:2]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and top-k {tuple(top_logits.shape)} / "
+                         f"{tuple(top_ids.shape)} must share (batch, seq)")
     mask = torch.zeros(labels.shape, dtype=torch.bool, device=labels.device)
     mask[:, :-1] = labels[:, 1:] != -100
     mask[:, :noise_offset] = False

@@ -27,20 +27,22 @@ __all__ = ["sparse_cross_entropy", "sparse_cross_entropy_reference"]
 def sparse_cross_entropy(lm_logits, states: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Summed cross-entropy of the logits `lm_logits(states)` against the weights `weights` on the tokens `ids`.
 
-    Exactly `sparse_cross_entropy_reference` (to fp32 rounding), with the logits recomputed in the backward instead
-    of kept (the memory of activation checkpointing without its extra passes).
+    Exactly `sparse_cross_entropy_reference` (to fp32 rounding) for a frozen, deterministic head, with the logits
+    recomputed in the backward instead of kept (the memory of activation checkpointing without its extra passes).
 
     Args:
-        lm_logits: callable, states (..., hidden) -> new logits (..., vocab), any float dtype (taken to fp32 and then
-            overwritten in place). It runs twice, in the forward and in the backward, under the autocast state of
-            the forward; parameters of it that require grad get their gradient accumulated (as reentrant
-            checkpointing does).
-        states: (batch, positions, hidden) float; the gradient flows back to it.
+        lm_logits: callable, states (..., hidden) -> logits (..., vocab), any float dtype (taken to fp32). It must
+            be frozen (no parameter requiring grad: the draft's LM head is the target's) and deterministic (no
+            dropout: it runs again in the backward, under the autocast state of the forward), and return a new
+            tensor that no autograd node keeps (a linear layer's output; it is overwritten in place).
+        states: (batch, positions, hidden) float; the gradient flows back to it alone.
         ids: (batch, positions, k) int64 token ids in [0, vocab); repeated ids add up.
         weights: (batch, positions, k) float, no gradient; 0 leaves an id (or a whole position) out.
-    Returns: () fp32, sum over positions of (sum_j w_j) * LSE(z) - sum_j w_j z[ids_j].
-    Raises: ValueError if `ids` and `weights` differ in shape or do not share (batch, positions) with `states`, or if
-        `weights` requires grad (the targets are constants).
+    Returns: () fp32, sum over positions of (sum_j w_j) * LSE(z) - sum_j w_j z[ids_j]; it requires grad when
+        `states` does. Not twice differentiable (a double backward raises).
+    Raises: ValueError if `ids` and `weights` differ in shape or do not share (batch, positions) with `states`, if
+        `weights` requires grad (the targets are constants), or if `lm_logits` has a parameter that requires grad
+        (use `sparse_cross_entropy_reference` to train a head). torch's gather raises for ids outside [0, vocab).
     Reference: module docstring.
     """
     if ids.shape != weights.shape or ids.shape[:-1] != states.shape[:-1]:
@@ -67,7 +69,13 @@ class _SparseCrossEntropy(torch.autograd.Function):
         device = states.device.type
         ctx.lm_logits = lm_logits
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-        logits = lm_logits(states).float()
+        with torch.enable_grad():  # only to see whether the head has trainable parameters (it must not)
+            logits = lm_logits(states.detach())
+        if logits.requires_grad:
+            raise ValueError("sparse_cross_entropy: lm_logits has parameters that require grad; it gives the states "
+                             "their gradient only. Freeze the head (requires_grad_(False)) or train it with "
+                             "sparse_cross_entropy_reference")
+        logits = logits.float()
         picked = logits.gather(-1, ids)
         top = logits.amax(-1, keepdim=True)  # LSE in place: the logits are not needed after it
         lse = logits.sub_(top).exp_().sum(-1).log_().add_(top[..., 0])
@@ -87,5 +95,5 @@ class _SparseCrossEntropy(torch.autograd.Function):
             gradient = logits.detach()
             gradient.sub_(lse[..., None]).exp_().mul_(weights.sum(-1, keepdim=True) * grad)
             gradient.scatter_add_(-1, ids, weights * -grad)
-        torch.autograd.backward(logits, gradient)
-        return leaf.grad, None, None, None
+        (states_grad,) = torch.autograd.grad(logits, leaf, gradient)
+        return states_grad, None, None, None

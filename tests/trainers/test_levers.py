@@ -50,7 +50,7 @@ def test_soft_loss_with_k1_is_the_argmax_cross_entropy(tmp_path):
 
 def test_soft_loss_matches_a_direct_computation():
     torch.manual_seed(0)
-    target = make_target("llama")
+    target = make_target("llama").requires_grad_(False)  # frozen, as the trainer makes it
     hidden_t = torch.randn(2, 6, 32)
     top_logits, top_ids = target_topk(target, hidden_t, k=5, chunk=4)
     full = target.lm_head(hidden_t)
@@ -243,7 +243,7 @@ def test_mix_recipe_builds_step_items_and_checks_its_settings(tmp_path, fake_sit
 def test_mixed_soft_and_hard_loss_is_one_pass_of_both_terms():
     """w * soft + (1 - w) * hard from one LM-head pass per chunk equals the two losses computed apart."""
     torch.manual_seed(1)
-    target = make_target("llama")
+    target = make_target("llama").requires_grad_(False)  # frozen, as the trainer makes it
     draft = LongSpecDraft.from_target(target)
     ids = torch.randint(3, 99, (2, 20))
     labels = ids.clone()
@@ -262,6 +262,10 @@ def test_mixed_soft_and_hard_loss_is_one_pass_of_both_terms():
     torch.testing.assert_close(grad_fused, grad_forward, rtol=1e-4, atol=1e-7)
     with pytest.raises(ValueError, match="together"):
         soft_distill_loss(draft.lm_logits, out.hidden_states, top[0], None, labels)
+    with pytest.raises(ValueError, match="token ids or -100"):  # not clamped to token 0 and trained on
+        soft_distill_loss(draft.lm_logits, out.hidden_states, None, None, labels.masked_fill(labels == 5, -5))
+    with pytest.raises(ValueError, match=r"labels \(2, 19\) must share"):
+        soft_distill_loss(draft.lm_logits, out.hidden_states, None, None, labels[:, 1:])
 
 
 def test_rows_cache_is_built_once_and_refused_when_stale(tmp_path, fake_site, monkeypatch):
@@ -307,7 +311,7 @@ def test_draft_vocab_loss_is_the_soft_loss_with_other_columns_masked():
     """The restricted LM head equals the full one with every column outside the kept ids at -inf; top ids outside
     leave the soft target, and a hard label outside (or a position whose top-k holds no kept id) is unsupervised."""
     torch.manual_seed(0)
-    target = make_target("llama")
+    target = make_target("llama").requires_grad_(False)  # frozen, as the trainer makes it
     top_logits, top_ids = target_topk(target, torch.randn(2, 7, 32), k=4, chunk=4)
     labels = torch.randint(3, 99, (2, 7))
     # some positions keep none of their top-4; token 0 stands in for ids outside the set in the full reference below

@@ -100,21 +100,24 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
         "data", help="scan the corpus and tokenize a mixed-data recipe's rows into its rows_cache",
         description="Build the short and long rows of a recipe with data.source 'mix' (code of several languages and "
         "prose from the installed packages, long rows) with only the target's tokenizer, into the file "
-        "data.mix.rows_cache; `longspec train` with the same recipe and rows_cache then skips the scan. Chat "
-        "self-distillation rows need the target model and are built by `longspec train`.",
+        "data.mix.rows_cache; `longspec train` with the same recipe and rows_cache then skips the scan. With --chat, "
+        "load the target instead and generate its chat self-distillation answers into data.mix.chat_cache, which "
+        "`longspec train` then reads (else it generates them itself).",
         epilog="example: longspec data --recipe qwen2.5-coder-1.5b-mix --target ./qwen15 --set-mix rows_cache=rows.pt",
     )
     p.add_argument("--target", required=True, metavar="MODEL",
-                   help="the model the draft serves (only its tokenizer is loaded): 'smollm2', a model folder or a "
-                   ".gguf file")
+                   help="the model the draft serves (only its tokenizer is loaded, but the whole model with --chat): "
+                   "'smollm2', a model folder or a .gguf file")
     p.add_argument("--recipe", required=True, metavar="NAME_OR_JSON", help="a recipe with data.source 'mix'")
     p.add_argument("--chat", action="store_true",
                    help="instead, load the target and generate its chat self-distillation answers into "
                    "data.mix.chat_cache (on a GPU: batched greedy generation)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where --chat generates")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where --chat generates (used with --chat only)")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="the target's dtype for --chat; auto = bf16 on CUDA, fp32 on CPU (bf16 is several times "
-                   "faster on CPUs with bf16 matrix units; the answers may differ from fp32 ones at near-ties)")
+                   help="the target's dtype for --chat (used with --chat only; spelled as in `longspec train`); "
+                   "auto = bf16 on CUDA, fp32 on CPU (bf16 is several times faster on CPUs with bf16 matrix units; "
+                   "the answers may differ from fp32 ones at near-ties)")
     _add_data_options(p)
     p.set_defaults(func=run_data)
     return p
