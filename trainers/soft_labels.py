@@ -85,8 +85,9 @@ def soft_distill_loss(lm_logits, hidden: torch.Tensor, top_logits: torch.Tensor 
         raise ValueError("soft_distill_loss takes top_logits and top_ids together (both None: the hard loss alone)")
     if labels.shape != hidden.shape[:2]:
         raise ValueError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} must share (batch, seq)")
-    if bool(((labels < 0) & (labels != -100)).any()):
-        raise ValueError(f"labels must be token ids or -100 (not supervised), got {labels.min().item()}")
+    bad = (labels < 0) & (labels != -100)
+    if bool(bad.any()):
+        raise ValueError(f"labels must be token ids or -100 (not supervised), got {labels[bad][0].item()}")
     if top_logits is None:  # the hard loss alone: no top-k columns, weight 1 on the label
         top_logits = hidden.new_empty(*hidden.shape[:2], 0, dtype=torch.float32)
         top_ids = torch.empty(*hidden.shape[:2], 0, dtype=torch.long, device=hidden.device)

@@ -84,8 +84,10 @@ class _SparseCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # a second derivative raises instead of being wrong
     def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True: the gradient below would be cut off from the graph
+            raise RuntimeError("sparse_cross_entropy is not twice differentiable (a backward with create_graph=True); "
+                               "use sparse_cross_entropy_reference for higher derivatives")
         states, ids, weights, lse = ctx.saved_tensors
         device, autocast, autocast_dtype = ctx.autocast
         with torch.enable_grad(), torch.autocast(device, dtype=autocast_dtype, enabled=autocast):
