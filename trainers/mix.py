@@ -345,14 +345,14 @@ def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict
         if not count:
             continue
         name, before, seconds = "chat_long" if long else "chat", len(rows), []
+        batch = max(1, spec.chat_batch_size * spec.chat_prompt_chars[1] // chars[1])  # tokens per batch kept
+        total = spec.chat_time_budget_s
+        if total is not None and not long and spec.chat_long_prompts:  # the long prompts' share is kept for them
+            total *= 1.0 - spec.chat_long_budget_share
         for round_, documents in enumerate(_chat_documents(spec, count, chars, long, stats)):
             prompts = chat_prompts(documents, count, tuple(chars), seed=spec.seed + long + 1000 * round_)
             prompt_ids = render_prompts(tokenizer, prompts)
-            batch = max(1, spec.chat_batch_size * spec.chat_prompt_chars[1] // chars[1])  # tokens per batch kept
-            budget = spec.chat_time_budget_s
-            if budget is not None and not long and spec.chat_long_prompts:  # the long prompts' share is kept
-                budget *= 1.0 - spec.chat_long_budget_share
-            budget = None if budget is None else max(budget - (time.perf_counter() - start), 0.0)
+            budget = None if total is None else max(total - (time.perf_counter() - start), 0.0)  # what remains
             answers = generate_answers(target, tokenizer, prompt_ids, spec.chat_max_new_tokens, batch, budget,
                                        spec.chat_cache, batch_seconds=seconds)
             rows += chat_distill_rows(prompt_ids, answers, spec.chat_loss)
