@@ -199,7 +199,7 @@ draft = LongSpecDraft.from_pretrained(sys.argv[1], dtype=torch.float32)
 print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.argv[3], bits=4))' \
       "$HOME/draft-qwen15" "$HOME/draft-qwen15.int8.safetensors" "$HOME/draft-qwen15.int4.safetensors" ;;
   tau)  # the Qwen draft ($2; none: an untrained one) on held-out and public documents
-    pkg /tmp/pkg-tau
+    pkg "/tmp/pkg-$(basename "$OUT")"  # tau and tau4 run at once: a folder each
     python3 benchmarks/tau_matrix.py --target "$HOME/qwen15" ${2:+--draft "$2"} --dtype "$(dry float32 bfloat16)" \
       --configs "${TAU_CONFIGS:-tree+retrieval,chain}" \
       --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 "${TAU_BUCKETS:-8192,16384,30000}")" --per-bucket \
