@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One single-GPU lease (nvidia-h200) for the Qwen2.5-Coder-1.5B-Instruct target and SmolLM2-135M-Instruct, after
 # staging both GGUFs (gguf-models stage ...: Qwen in .stage, SmolLM2 with --repo .s135):
+#   bash benchmarks/lease_h200.sh preflight .init .evaldata .prose  # here, first: the launch call's size vs the tool's limit
 #   bash benchmarks/lease_h200.sh launch     # copy the work tree to ~/lease/repo, start the pipeline detached (setsid)
 #   bash benchmarks/lease_h200.sh sync       # copy this call's src/ trainers/ kernels/ benchmarks/ over ~/lease/repo:
 #                                            # phases not yet started run the patched code (a fix found mid-lease)
 #   bash benchmarks/lease_h200.sh wait SECS  # hold the machine up to SECS (or until DONE), pack ~/lease/out into
 #                                            # $OUT/lease.tgz (drafts in $OUT/drafts.tgz)
 # The machine is held only while a command runs on it: issue the wait calls back to back (it is released after
-# ~30 s with none running, and the pipeline with it; session 14 lost a lease that way).
+# ~30 s with none running, and the pipeline with it; session 14 lost a lease that way, session 20 another). Never put
+# a wait in the same batch as the launch: a refused launch leaves nothing to wait for (wait then exits 3 at once).
 # Pipeline (every phase logs to ~/lease/out/<phase>/, a failed phase does not stop the next; times on one H200):
 #   profile  (GPU alone, beside data + convert) where a LongSpec step's and a training step's time go, on random
 #            weights of the Qwen shape (kernel_profile.py unless PROFILE_CONTEXTS=none; train_profile.py unless
@@ -249,7 +251,15 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       --max-seconds "$(dry 30 "${SMOL_TAU_S:-50}")" --out "$OUT/tau_smol_$3.json" ;;
   sync)
     cp -r src trainers kernels benchmarks "$L/repo"/ && echo "synced into $L/repo" ;;
+  preflight)  # preflight CARRY...: on this machine, before `launch`: what the launch call sends (work tree + CARRY)
+    # against the device tool's 64 MiB (session 20: a refused launch went unseen and the next `wait` held an idle GPU)
+    bytes=$( { git ls-files -co --exclude-standard -z; for p in "${@:2}"; do find "$p" -type f -print0; done; } |
+      du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+    echo "launch call sends $((bytes / 1048576)) MiB (work tree + ${*:2})"
+    [ "$bytes" -le $((62 * 1048576)) ] || { echo "over 62 MiB (a launch of 63.x MiB was refused in session 20): move drafts/*.safetensors and src/transformers_longspec/drafts/ out for the lease (the pipeline reads INIT_DRAFT from .init)" >&2; exit 1; } ;;
   wait)
+    # no status file: no pipeline runs on this machine (a refused launch, or a fresh machine after a lost one)
+    [ -f "$L/status" ] || { echo "no pipeline on this machine ($L/status missing): launch first" >&2; exit 3; }
     end=$((SECONDS + ${2:-540}))
     while [ $SECONDS -lt "$end" ] && ! grep -q DONE "$L/status" 2>/dev/null; do sleep 5; done
     cat "$L/status"; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
@@ -265,5 +275,5 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       gzip -9c "$HOME/chat-cache-qwen15.jsonl" > "$OUT/chat-answers-qwen15.jsonl.gz"
     ls -la "$OUT" ;;
   *)
-    echo "usage: bash benchmarks/lease_h200.sh launch | sync | wait SECS" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/lease_h200.sh preflight CARRY... | launch | sync | wait SECS" >&2; exit 2 ;;
 esac
