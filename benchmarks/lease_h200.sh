@@ -256,7 +256,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
     bytes=$( { git ls-files -co --exclude-standard -z; for p in "${@:2}"; do find "$p" -type f -print0; done; } |
       du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
     echo "launch call sends $((bytes / 1048576)) MiB (work tree + ${*:2})"
-    [ "$bytes" -le $((62 * 1048576)) ] || { echo "over 62 MiB (a launch of 63.x MiB was refused in session 20): move drafts/*.safetensors and src/transformers_longspec/drafts/ out for the lease (the pipeline reads INIT_DRAFT from .init)" >&2; exit 1; } ;;
+    [ "$bytes" -le $((62 * 1048576)) ] || { echo "over 62 MiB (a launch of 63.x MiB was refused in session 20): move drafts/*.safetensors out and set INIT_DRAFT to a carried file (.init; the default reads the int4 file there), and with SMOL=0 also src/transformers_longspec/drafts/ (the smol phase measures the bundled draft)" >&2; exit 1; } ;;
   wait)
     # no status file: no pipeline runs on this machine (a refused launch, or a fresh machine after a lost one)
     [ -f "$L/status" ] || { echo "no pipeline on this machine ($L/status missing): launch first" >&2; exit 3; }
