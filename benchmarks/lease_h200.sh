@@ -111,9 +111,17 @@ case "${1:-}" in
       smol_pid=$!
     fi
     wait "$chat_pid"
-    phase train "$(( ${TRAIN_MIN:-7} * 60 + 150 ))" bash benchmarks/lease_h200.sh train
+    # the limit covers TRAIN_MIN minutes of steps plus the data build (117 s in session 21), the final evaluation, the
+    # save and the compact copies: at + 150 s session 21's run was killed after its last step, before the save
+    phase train "$(( ${TRAIN_MIN:-7} * 60 + 330 ))" bash benchmarks/lease_h200.sh train
     wait "$tests_pid"
-    [ -f "$draft/config.json" ] || draft=  # no trained draft (training failed or ran out of time): an untrained one
+    if [ ! -f "$draft/config.json" ]; then  # no trained draft (training failed or ran out of time): measure the draft
+      # training started from (the train phase's INIT_DRAFT), said in the status file (session 21 measured an untrained
+      # draft unawares)
+      draft=${INIT_DRAFT-$L/repo/drafts/qwen2.5-coder-1.5b-instruct.int4.safetensors}
+      [ "$DRY" = 0 ] && [ -f "$draft" ] || draft=
+      echo "$(date +%T) NO TRAINED DRAFT: tau and bench measure ${draft:-an untrained draft}" >> "$L/status"
+    fi
     [ -z "$draft" ] || [ ! -f "$draft.int8.safetensors" ] || draft=$draft.int8.safetensors  # measure what is kept
     # the int4 copy's tau beside the int8 one's (tau is not a timing: the two may share the GPU)
     tau4_pid=

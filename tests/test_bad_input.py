@@ -6,6 +6,9 @@ Saved-folder cases are in test_bad_checkpoint.py.
 """
 
 import gc
+import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -229,6 +232,18 @@ def test_draft_wrapped_by_peft(pair):
     wrapped = peft.get_peft_model(LongSpecDraft.from_target(target), peft.LoraConfig(r=2, target_modules=["q_proj"]))
     with pytest.raises(ValueError, match="wrapped by PeftModel.*merge_lora_draft"):
         target.generate(IDS, assistant_model=wrapped, max_new_tokens=3)
+    assert_next_call_is_fresh(target, draft, IDS)
+
+
+@pytest.mark.parametrize("path", ["some/draft", Path("some/draft")], ids=["str", "PathLike"])
+def test_draft_given_as_a_path(path, pair):
+    """A path instead of a loaded draft: a TypeError naming the fix (stock generate fails later with an
+    AttributeError on `assistant_model.config`)."""
+    target, draft = pair
+    message = (rf"assistant_model is a path \({re.escape(repr(os.fspath(path)))}\).*"
+               r"LongSpecDraft\.from_pretrained\(path, target_model=model\)")
+    with pytest.raises(TypeError, match=message):
+        target.generate(IDS, assistant_model=path, max_new_tokens=3)
     assert_next_call_is_fresh(target, draft, IDS)
 
 

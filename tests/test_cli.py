@@ -1,12 +1,15 @@
 """The `longspec` command: --help a new user can follow; user mistakes give one line on stderr, exit status 2 and no
 traceback, before any model loads. (`longspec train` end to end: tests/trainers/test_recipes_cli.py.)"""
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from transformers_longspec.cli import main
+from transformers_longspec.cli import build_parser, main
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -24,10 +27,22 @@ def test_help_explains_each_command(argv, expected, capsys):
         assert phrase in text, phrase
 
 
+def test_python_dash_m_runs_the_longspec_command(monkeypatch):
+    """`python -m transformers_longspec --help` (no console script on PATH needed) prints the `longspec` usage."""
+    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps help to the terminal width, here and in the subprocess
+    done = subprocess.run([sys.executable, "-m", "transformers_longspec", "--help"], capture_output=True, text=True,
+                          env=os.environ.copy(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == build_parser().format_help()
+
+
 # (argv, expected message); {tmp} is replaced by a fresh temporary folder
 MISTAKES = {
     "tree with a zero": (["generate", "--prompt", "hi", "--tree", "4,0"], "--tree takes comma-separated positive"),
     "tree not numbers": (["generate", "--prompt", "hi", "--tree", "4,x"], "--tree takes comma-separated positive"),
+    # argparse alone reads "-1,4" as an option and says only "expected one argument"
+    "tree with a negative width": (["generate", "--prompt", "hi", "--tree", "-1,4"],
+                                   r"--tree takes comma-separated positive beam widths.*got '-1,4'"),
     "bad dtype": (["generate", "--prompt", "hi", "--dtype", "float64"], "invalid choice: 'float64'"),
     "no prompt": (["generate", "--target", "{tmp}"], "give --prompt TEXT or --prompt-file PATH"),
     "missing prompt file": (["generate", "--prompt-file", "{tmp}/prompt.txt"], "prompt.txt': no such file"),

@@ -7,7 +7,9 @@ What we patch or register (idempotently, by `install()`, which `import transform
 * `GenerationMixin._extract_generation_mode_kwargs` (private): with a LongSpec assistant, per-call
   `longspec_*` kwargs of `generate` (e.g. `longspec_beam_widths=[4, 8, 8]`) reach the decode loop instead of
   being rejected as unused model kwargs (the same options set on the `GenerationConfig` are read by the decode
-  loop when the call does not give them).
+  loop when the call does not give them). An `assistant_model` given as a path (str or os.PathLike) raises a
+  TypeError naming `LongSpecDraft.from_pretrained(path, target_model=model)` (stock `generate` fails later with an
+  AttributeError); real models pass through unchanged.
 * `GenerationConfig.get_generation_mode` (public method, wrapped): beam search, contrastive search or constraints with
   a LongSpec assistant raise instead of silently ignoring the assistant (stock behaviour is a warning).
 * `GenerationMixin._prepare_model_inputs` (private, wrapped): a prompt that is a list or a 1-D tensor raises a
@@ -35,6 +37,7 @@ Reference: reference/transformers-integration.md §1, §2, §5.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from contextlib import contextmanager
 
@@ -247,6 +250,11 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
 
 
 def _extract_generation_mode_kwargs(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):
+    if isinstance(assistant_model, (str, os.PathLike)):  # stock generate fails later with an AttributeError
+        raise TypeError(
+            f"assistant_model is a path ({os.fspath(assistant_model)!r}), not a loaded draft; load it first: "
+            "assistant_model=LongSpecDraft.from_pretrained(path, target_model=model)"
+        )
     options = [k for k in kwargs if k.startswith("longspec_")]
     if _is_longspec(assistant_model):
         clear_stats_unless_running(assistant_model)  # a call refused from here on leaves no stale statistics

@@ -5,14 +5,15 @@
     longspec train --help
     longspec bench --help                 # every decoding method side by side on real long prompts
 
-`python -m transformers_longspec.cli ...` is the same command. User mistakes (bad paths, bad tree shapes, missing
-optional packages) print one line and exit with status 2, found before any model loads where possible; Ctrl-C
-exits with status 130.
+`python -m transformers_longspec ...` (or `python -m transformers_longspec.cli ...`) is the same command. User
+mistakes (bad paths, bad tree shapes, missing optional packages) print one line and exit with status 2, found before
+any model loads where possible; Ctrl-C exits with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from .bench import add_bench_parser
@@ -52,10 +53,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _join_negative_tree(argv: list[str]) -> list[str]:
+    """`--tree -1,4` as `--tree=-1,4`: argparse takes a value starting with '-' (other than a plain negative
+    number) for an option and reports only "expected one argument"; joined, the value reaches `--tree`'s own check,
+    which says widths must be positive."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--tree" and re.match(r"-\d", arg):
+            out[-1] = f"--tree={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `longspec` command. Returns the exit status: 0, 2 for a user mistake (one line on stderr,
     no traceback), 130 when interrupted."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_join_negative_tree(sys.argv[1:] if argv is None else list(argv)))
     try:
         args.func(args)
     except (ValueError, ImportError, OSError) as err:  # user mistakes: paths, files, options, missing packages
