@@ -31,7 +31,8 @@
 #            bundled draft's, and the bundled draft's successor (SMOL_FINAL_MIN minutes; SMOL_FINAL=0: neither)
 #   tau      the Qwen draft: tree + retrieval and chain (TAU_CONFIGS) on held-out + public documents, 2 per bucket
 #            (TAU_BUCKETS, default 8192,16384,30000); beside it (TAU4_S > 0) tau4: its int4 copy, tree + retrieval
-#   bench    every greedy method end to end in one process, alone on the GPU (BENCH_S=0: none)
+#   bench    every greedy method end to end in one process, alone on the GPU (BENCH_S=0: none; BENCH_METHODS,
+#            BENCH_DATASETS, BENCH_BUCKETS). PIPELINE=pipeline-bench: convert and this bench of INIT_DRAFT alone
 # Set LONGSPEC_COMMIT on the launch command line; carry .evaldata (public jsonl + heldout.jsonl).
 # DRY=1: the same pipeline on a CPU in minutes (tiny data and steps, 2k-token prompts, 16 new tokens; HOME pointing at
 # a folder with stage/qwen2.5-coder-1.5b-instruct.gguf and stage/smollm2-135m-instruct.gguf, any small GGUFs).
@@ -135,6 +136,11 @@ case "${1:-}" in
     [ -z "$smol_pid" ] || wait "$smol_pid"
     [ "${BENCH_S:-180}" = 0 ] || phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
+  pipeline-bench)  # a lease too short to train: the bench of INIT_DRAFT (session 22: 13 device-minutes left)
+    export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown} DRY
+    phase convert 300 bash benchmarks/lease_h200.sh convert
+    phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$INIT_DRAFT"
+    echo "$(date +%T) DONE" >> "$L/status" ;;
   pipeline-smol)  # SmolLM2 alone (a lease too short for staging the Qwen target): GPU tests, drafts, bench
     export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown} DRY
     phase gputests 300 bash benchmarks/lease_h200.sh gputests &
@@ -218,7 +224,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
           # their own (one prompt per bucket takes the first row of a file, a held-out code row in heldout.jsonl)
     grep '"dataset": "heldout-prose"' .evaldata/heldout.jsonl > .evaldata/heldout_prose.jsonl
     OUT=$OUT DRAFT=${2:-} NEW=$(dry 16 256) MAX_S=$(dry 60 "${BENCH_S:-180}") PKG=/tmp/pkg-bench DTYPE=$(dry fp32 bf16) \
-      DATASETS="${BENCH_DATASETS:-heldout,heldout_prose,code_completion,summarization}" BUCKETS=$(dry 2048 8192,16384,30000) \
+      DATASETS="${BENCH_DATASETS:-heldout,heldout_prose,code_completion,summarization}" BUCKETS=$(dry 2048 "${BENCH_BUCKETS:-8192,16384,30000}") \
       METHODS=${BENCH_METHODS:-plain_graph,longspec,longspec_noretr,longspec_noretr_fullvocab,retrieval_only,engine_plain} \
       bash benchmarks/gpu_bench.sh greedy-retrieval ;;
   smol)  # SmolLM2 drafts from the same builder: the bundled draft's successor (`final`) in one lane, beside it the
