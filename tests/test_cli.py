@@ -43,6 +43,8 @@ MISTAKES = {
     # argparse alone reads "-1,4" as an option and says only "expected one argument"
     "tree with a negative width": (["generate", "--prompt", "hi", "--tree", "-1,4"],
                                    r"--tree takes comma-separated positive beam widths.*got '-1,4'"),
+    "tree with an empty width": (["generate", "--prompt", "hi", "--tree", "4,,8"], "positive beam widths.*got '4,,8'"),
+    "tree of commas only": (["generate", "--prompt", "hi", "--tree", ",,"], "or 'none' for no draft tree; got ',,'"),
     "bad dtype": (["generate", "--prompt", "hi", "--dtype", "float64"], "invalid choice: 'float64'"),
     "no prompt": (["generate", "--target", "{tmp}"], "give --prompt TEXT or --prompt-file PATH"),
     "missing prompt file": (["generate", "--prompt-file", "{tmp}/prompt.txt"], "prompt.txt': no such file"),
@@ -86,3 +88,11 @@ def test_set_values_parse_json_and_python_booleans():
     assert parsed == {"a": 1e-4, "b": True, "c": False, "d": True, "e": [1, 2], "f": "cosine", "g": False}
     with pytest.raises(ValueError, match="--set expects KEY=VALUE"):
         _parse_sets(["novalue"])
+
+
+@pytest.mark.parametrize("text, widths", [("4,16,16", [4, 16, 16]), (" 2, 4 ", [2, 4]), ("none", []), ("", []),
+                                          ("None", []), (None, None)])
+def test_tree_option_reads_widths_or_none(text, widths):
+    from transformers_longspec.cli.generate import _parse_tree
+
+    assert _parse_tree(text) == widths

@@ -54,6 +54,11 @@ def test_pipeline_and_streamer(target_and_draft, eval_rows, capsys):
     spec_pipe = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=draft)
     spec = spec_pipe(text, do_sample=False, max_new_tokens=20)[0]["generated_text"]
     assert spec == plain
+    # the draft's folder by name, as a pipeline takes any assistant: loaded for this target
+    by_path = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=str(DEFAULT_DRAFT_DIR))
+    assert isinstance(by_path.assistant_model, LongSpecDraft) and by_path.assistant_model.target_model is target
+    assert by_path(text, do_sample=False, max_new_tokens=20)[0]["generated_text"] == plain
+    assert by_path.assistant_model.last_generation_stats.target_forwards > 0
 
     ids = eval_prompt(eval_rows("code_completion", 1)[0], tokenizer, 200)
     capsys.readouterr()

@@ -10,6 +10,10 @@ What we patch or register (idempotently, by `install()`, which `import transform
   loop when the call does not give them). An `assistant_model` given as a path (str or os.PathLike) raises a
   TypeError naming `LongSpecDraft.from_pretrained(path, target_model=model)` (stock `generate` fails later with an
   AttributeError); real models pass through unchanged.
+* `transformers.pipelines.base.load_assistant_model` (module function, wrapped): `pipeline(...,
+  assistant_model=PATH)` with PATH a LongSpec draft (a folder saved with `save_pretrained`, or a compact file) loads
+  it with `LongSpecDraft.from_pretrained(PATH, target_model=model)`, as the pipeline loads any other assistant by
+  name (stock: "cannot infer suitable model classes"); every other assistant goes to the original.
 * `GenerationConfig.get_generation_mode` (public method, wrapped): beam search, contrastive search or constraints with
   a LongSpec assistant raise instead of silently ignoring the assistant (stock behaviour is a warning).
 * `GenerationMixin._prepare_model_inputs` (private, wrapped): a prompt that is a list or a 1-D tensor raises a
@@ -37,9 +41,11 @@ Reference: reference/transformers-integration.md §1, §2, §5.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from packaging import version
@@ -52,6 +58,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.generation.utils import GenerationMixin
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.pipelines import base as pipelines_base
 
 from .call_lock import clear_stats_unless_running
 
@@ -308,6 +315,28 @@ def _prepare_model_inputs(self, inputs=None, bos_token_id=None, model_kwargs=Non
     return result
 
 
+def _is_draft_path(path) -> bool:
+    """True for a local LongSpec draft: a folder whose config.json has our model_type, or a safetensors file (a
+    compact draft; `from_pretrained` says what is wrong with one that is not)."""
+    from .configuration import LongSpecConfig
+
+    path = Path(os.fspath(path))
+    if path.is_file():
+        return path.suffix == ".safetensors"
+    try:
+        return json.loads((path / "config.json").read_text()).get("model_type") == LongSpecConfig.model_type
+    except (OSError, ValueError):
+        return False
+
+
+def _load_assistant_model(model, assistant_model, assistant_tokenizer):
+    if isinstance(assistant_model, (str, os.PathLike)) and model.can_generate() and _is_draft_path(assistant_model):
+        from .modeling import LongSpecDraft
+
+        return LongSpecDraft.from_pretrained(os.fspath(assistant_model), target_model=model), None
+    return _ORIGINALS["load_assistant_model"](model, assistant_model, assistant_tokenizer)
+
+
 def install(decode) -> None:
     """Register LongSpec with transformers (idempotent). Called on `import transformers_longspec`.
 
@@ -337,10 +366,12 @@ def install(decode) -> None:
     _ORIGINALS["_extract_generation_mode_kwargs"] = GenerationMixin._extract_generation_mode_kwargs
     _ORIGINALS["get_generation_mode"] = GenerationConfig.get_generation_mode
     _ORIGINALS["_prepare_model_inputs"] = GenerationMixin._prepare_model_inputs
+    _ORIGINALS["load_assistant_model"] = pipelines_base.load_assistant_model
     GenerationMixin._assisted_decoding = functools.wraps(GenerationMixin._assisted_decoding)(_assisted_decoding)
     GenerationMixin._extract_generation_mode_kwargs = _extract_generation_mode_kwargs
     GenerationConfig.get_generation_mode = _get_generation_mode
     GenerationMixin._prepare_model_inputs = _prepare_model_inputs
+    pipelines_base.load_assistant_model = functools.wraps(pipelines_base.load_assistant_model)(_load_assistant_model)
 
 
 def uninstall() -> None:
@@ -351,6 +382,7 @@ def uninstall() -> None:
     GenerationMixin._extract_generation_mode_kwargs = _ORIGINALS.pop("_extract_generation_mode_kwargs")
     GenerationConfig.get_generation_mode = _ORIGINALS.pop("get_generation_mode")
     GenerationMixin._prepare_model_inputs = _ORIGINALS.pop("_prepare_model_inputs")
+    pipelines_base.load_assistant_model = _ORIGINALS.pop("load_assistant_model")
 
 
 @contextmanager

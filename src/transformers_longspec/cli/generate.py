@@ -52,10 +52,13 @@ class GenerateArgs:
 def _parse_tree(text: str | None) -> list[int] | None:
     if text is None:
         return None
+    if text.strip().lower() in ("", "none"):  # no draft tree: the root alone (and the retrieval branch)
+        return []
     try:
-        return list(validate_beam_widths([int(x) for x in text.split(",") if x.strip()]))
+        return list(validate_beam_widths([int(x) for x in text.split(",")]))  # "4,,8" or ",,": int("") fails
     except ValueError:
-        raise ValueError(f"--tree takes comma-separated positive beam widths such as 4,16,16,16,16; got {text!r}")
+        raise ValueError(f"--tree takes comma-separated positive beam widths such as 4,16,16,16,16, or 'none' for no "
+                         f"draft tree; got {text!r}")
 
 
 class _DecodeClock(BaseStreamer):
@@ -147,8 +150,9 @@ def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)")
     p.add_argument("--tree", metavar="WIDTHS",
                    help="draft tree shape: how many candidates to keep at each depth, comma-separated, e.g. "
-                   "4,16,16,16,16 (default: the shape of highest predicted speed on this device, chosen from measured "
-                   "costs up to the draft's own; on a CPU, where every node costs compute, a small tree or none)")
+                   "4,16,16,16,16, or 'none' (the root alone, and the retrieval branch) (default: the shape of highest "
+                   "predicted speed on this device, chosen from measured costs up to the draft's own; on a CPU, where "
+                   "every node costs compute, a small tree or none)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                    help="where to run (default: cuda when available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
