@@ -1,0 +1,95 @@
+"""Where a cold first call's compile time goes (GPU; random weights of a real target's shape).
+
+Session 23's bench on a fresh H100 spent 166 s in the first LongSpec call (tree [4,8,8,8] + 10) and 138 s more in
+the first call with another tree shape, against ~20 s when the machine's inductor cache already held the regions.
+This runs three calls with the compiled regions and CUDA graphs (the GPU default) on one prompt: a first shape, a
+second shape, the first again; per call it writes the wall seconds, the graphs dynamo compiled and the cumulative
+compile-time table of `torch._dynamo.utils.compile_times` (dynamo tracing, inductor, Triton), one JSON line each to
+`$OUT/compile_profile.jsonl` (written as it goes: a call cut short keeps the earlier lines), then one warm call of
+the first shape (128 new tokens: ms per step, draft and verification seconds per step).
+
+    PYTHONPATH=src:benchmarks python benchmarks/compile_profile.py --context 8192
+    PYTHONPATH=src:benchmarks python benchmarks/compile_profile.py --context 8192 --dynamic-regions
+
+`--dynamic-regions` compiles the target's decoder layers with `dynamic=True` (an experiment, not the engine's
+default): on the CPU (tiny Qwen2, session 23) a second and third tree shape then compile only the draft phase (one
+graph, 2-3 s) instead of the layers' five graphs again (24-28 s); whether the dynamic-shape kernels keep the step's
+speed under CUDA graphs is what this measures on the GPU.
+
+Start it on a fresh machine (or with `TORCHINDUCTOR_CACHE_DIR` pointing at an empty folder): a warm cache measures
+the cache, not the compiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from step_profile import SHAPES, random_target
+from torch._dynamo.utils import compile_times, counters
+
+from transformers_longspec import LongSpecDraft, static_step
+
+
+def timed_first_call(target, draft, ids, widths) -> dict:
+    """One greedy call (16 new tokens) with `widths` + a 10-token retrieval branch: seconds and graphs compiled."""
+    before = counters["stats"]["unique_graphs"]
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    target.generate(ids, assistant_model=draft, max_new_tokens=16, do_sample=False, longspec_beam_widths=widths,
+                    longspec_retrieval=10)
+    torch.cuda.synchronize()
+    return {"widths": widths, "call_s": round(time.perf_counter() - start, 2),
+            "graphs_compiled": counters["stats"]["unique_graphs"] - before,
+            "compile_times": compile_times(repr="str", aggregate=True)}
+
+
+def warm_step(target, draft, ids, widths) -> dict:
+    """A call of 128 new tokens with `widths` after its shape is compiled: ms per step after the prefill, and the
+    engine's draft / verification ms per step (`LongSpecStats`)."""
+    target.generate(ids, assistant_model=draft, max_new_tokens=128, do_sample=False, longspec_beam_widths=widths,
+                    longspec_retrieval=10)
+    stats = draft.last_generation_stats
+    steps = len(stats.accepted_lengths)
+    return {"warm_widths": widths, "steps": steps, "step_ms": round(1e3 * (stats.total_s - stats.prefill_s) / steps, 3),
+            "draft_ms": round(1e3 * stats.draft_s / steps, 3), "verify_ms": round(1e3 * stats.verify_s / steps, 3)}
+
+
+def dynamic_regions(target) -> dict:
+    """`static_step._compile_regions` with `dynamic=True`: the same decoder-layer classes, symbolic shapes."""
+    names = set(getattr(target, "_no_split_modules", None) or ())
+    layers = {type(m) for m in target.modules() if type(m).__name__ in names}
+    return {cls: ("forward", torch.compile(cls.forward, dynamic=True)) for cls in layers}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
+    parser.add_argument("--context", type=int, default=8192, help="prompt tokens")
+    parser.add_argument("--dynamic-regions", action="store_true", help="compile the decoder layers with dynamic=True")
+    args = parser.parse_args()
+    if args.dynamic_regions:
+        static_step._compile_regions = dynamic_regions
+    target = random_target(args.shape)
+    draft = LongSpecDraft.from_target(target, target_hidden_input=True).to(device="cuda", dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    ids = torch.randint(100, 20000, (1, args.context), device="cuda")
+    path = os.path.join(os.environ.get("OUT", "."), "compile_profile.jsonl")
+    with open(path, "a") as log:
+        log.write(json.dumps({"dynamic_regions": args.dynamic_regions, "shape": args.shape, "context": args.context,
+                              "device": torch.cuda.get_device_name(), "torch": torch.__version__}) + "\n")
+        for widths in ([4, 8, 8, 8], [4, 16, 16, 16, 16], [4, 8, 8, 8]):
+            row = timed_first_call(target, draft, ids, widths)
+            print(json.dumps(row), flush=True)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+        row = {**warm_step(target, draft, ids, [4, 8, 8, 8]), "dynamic_regions": args.dynamic_regions}
+        print(json.dumps(row), flush=True)
+        log.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
