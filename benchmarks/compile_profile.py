@@ -58,11 +58,13 @@ def warm_step(target, draft, ids, widths) -> dict:
             "draft_ms": round(1e3 * stats.draft_s / steps, 3), "verify_ms": round(1e3 * stats.verify_s / steps, 3)}
 
 
+SHIPPED_REGIONS = static_step._compile_regions
+
+
 def dynamic_regions(target) -> dict:
-    """`static_step._compile_regions` with `dynamic=True`: the same decoder-layer classes, symbolic shapes."""
-    names = set(getattr(target, "_no_split_modules", None) or ())
-    layers = {type(m) for m in target.modules() if type(m).__name__ in names}
-    return {cls: ("forward", torch.compile(cls.forward, dynamic=True)) for cls in layers}
+    """`static_step._compile_regions` (the same decoder-layer classes and methods) compiled with `dynamic=True`."""
+    return {cls: (name, torch.compile(getattr(cls, name), dynamic=True))
+            for cls, (name, _) in SHIPPED_REGIONS(target).items()}
 
 
 def main() -> None:
@@ -79,16 +81,16 @@ def main() -> None:
     ids = torch.randint(100, 20000, (1, args.context), device="cuda")
     path = os.path.join(os.environ.get("OUT", "."), "compile_profile.jsonl")
     with open(path, "a") as log:
-        log.write(json.dumps({"dynamic_regions": args.dynamic_regions, "shape": args.shape, "context": args.context,
-                              "device": torch.cuda.get_device_name(), "torch": torch.__version__}) + "\n")
-        for widths in ([4, 8, 8, 8], [4, 16, 16, 16, 16], [4, 8, 8, 8]):
-            row = timed_first_call(target, draft, ids, widths)
+        def emit(row: dict) -> None:  # printed and kept as it goes: a run cut short keeps its earlier lines
             print(json.dumps(row), flush=True)
             log.write(json.dumps(row) + "\n")
             log.flush()
-        row = {**warm_step(target, draft, ids, [4, 8, 8, 8]), "dynamic_regions": args.dynamic_regions}
-        print(json.dumps(row), flush=True)
-        log.write(json.dumps(row) + "\n")
+
+        emit({"dynamic_regions": args.dynamic_regions, "shape": args.shape, "context": args.context,
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__})
+        for widths in ([4, 8, 8, 8], [4, 16, 16, 16, 16], [4, 8, 8, 8]):
+            emit(timed_first_call(target, draft, ids, widths))
+        emit({**warm_step(target, draft, ids, [4, 8, 8, 8]), "dynamic_regions": args.dynamic_regions})
 
 
 if __name__ == "__main__":
