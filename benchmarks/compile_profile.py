@@ -10,6 +10,12 @@ the first shape (128 new tokens: ms per step, draft and verification seconds per
 
     PYTHONPATH=src:benchmarks python benchmarks/compile_profile.py --context 8192
     PYTHONPATH=src:benchmarks python benchmarks/compile_profile.py --context 8192 --dynamic-regions
+    PYTHONPATH=src:benchmarks python benchmarks/compile_profile.py --context 8192 --policy
+
+`--policy` names no tree in the first call, so the tree policy chooses it (what a user's first call does): that
+call's row adds the seconds of the policy's cost measurement (`tree_policy.measure_costs`: eager forwards and the
+draft growing each ladder shape) and the tree it chose. Every row counts the files in the Triton cache
+(`TRITON_CACHE_DIR`): kernels compiled so far.
 
 `--dynamic-regions` compiles the target's decoder layers with `dynamic=True` (an experiment, not the engine's
 default): on the CPU (tiny Qwen2, session 23) a second and third tree shape then compile only the draft phase (one
@@ -31,20 +37,39 @@ import torch
 from step_profile import SHAPES, random_target
 from torch._dynamo.utils import compile_times, counters
 
-from transformers_longspec import LongSpecDraft, static_step
+from transformers_longspec import LongSpecDraft, static_step, tree_policy
+
+MEASURE_S = []  # seconds of each `tree_policy.measure_costs` call (the policy's cost measurement)
+
+
+def timed_measure_costs(*args, **kwargs):
+    start = time.perf_counter()
+    costs = SHIPPED_MEASURE_COSTS(*args, **kwargs)
+    MEASURE_S.append(time.perf_counter() - start)
+    return costs
+
+
+def triton_cache_files() -> int | None:
+    """Files under `TRITON_CACHE_DIR` (None when it is not set): grows with every kernel Triton compiles."""
+    root = os.environ.get("TRITON_CACHE_DIR")
+    return sum(len(files) for _, _, files in os.walk(root)) if root else None
 
 
 def timed_first_call(target, draft, ids, widths) -> dict:
-    """One greedy call (16 new tokens) with `widths` + a 10-token retrieval branch: seconds and graphs compiled."""
-    before = counters["stats"]["unique_graphs"]
+    """One greedy call (16 new tokens) with `widths` (None: the policy chooses) and a 10-token retrieval branch:
+    seconds, graphs compiled, and for a policy call its cost measurement's seconds and the chosen tree."""
+    before, measured = counters["stats"]["unique_graphs"], len(MEASURE_S)
     torch.cuda.synchronize()
     start = time.perf_counter()
     target.generate(ids, assistant_model=draft, max_new_tokens=16, do_sample=False, longspec_beam_widths=widths,
                     longspec_retrieval=10)
     torch.cuda.synchronize()
-    return {"widths": widths, "call_s": round(time.perf_counter() - start, 2),
-            "graphs_compiled": counters["stats"]["unique_graphs"] - before,
-            "compile_times": compile_times(repr="str", aggregate=True)}
+    row = {"widths": widths, "call_s": round(time.perf_counter() - start, 2),
+           "graphs_compiled": counters["stats"]["unique_graphs"] - before, "triton_cache_files": triton_cache_files()}
+    if widths is None:
+        row.update(chosen=list(draft.last_generation_stats.beam_widths),
+                   measure_costs_s=round(sum(MEASURE_S[measured:]), 2))
+    return {**row, "compile_times": compile_times(repr="str", aggregate=True)}
 
 
 def warm_step(target, draft, ids, widths) -> dict:
@@ -59,6 +84,7 @@ def warm_step(target, draft, ids, widths) -> dict:
 
 
 SHIPPED_REGIONS = static_step._compile_regions
+SHIPPED_MEASURE_COSTS = tree_policy.measure_costs
 
 
 def dynamic_regions(target) -> dict:
@@ -72,9 +98,11 @@ def main() -> None:
     parser.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
     parser.add_argument("--context", type=int, default=8192, help="prompt tokens")
     parser.add_argument("--dynamic-regions", action="store_true", help="compile the decoder layers with dynamic=True")
+    parser.add_argument("--policy", action="store_true", help="the first call names no tree: the policy chooses")
     args = parser.parse_args()
     if args.dynamic_regions:
         static_step._compile_regions = dynamic_regions
+    tree_policy.measure_costs = timed_measure_costs
     target = random_target(args.shape)
     draft = LongSpecDraft.from_target(target, target_hidden_input=True).to(device="cuda", dtype=torch.bfloat16)
     torch.manual_seed(0)
@@ -86,9 +114,10 @@ def main() -> None:
             log.write(json.dumps(row) + "\n")
             log.flush()
 
-        emit({"dynamic_regions": args.dynamic_regions, "shape": args.shape, "context": args.context,
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__})
-        for widths in ([4, 8, 8, 8], [4, 16, 16, 16, 16], [4, 8, 8, 8]):
+        emit({"dynamic_regions": args.dynamic_regions, "policy": args.policy, "shape": args.shape,
+              "context": args.context, "device": torch.cuda.get_device_name(), "torch": torch.__version__})
+        first = None if args.policy else [4, 8, 8, 8]
+        for widths in (first, [4, 16, 16, 16, 16], [4, 8, 8, 8]):
             emit(timed_first_call(target, draft, ids, widths))
         emit({**warm_step(target, draft, ids, [4, 8, 8, 8]), "dynamic_regions": args.dynamic_regions})
 
