@@ -17,6 +17,10 @@ call's row adds the seconds of the policy's cost measurement (`tree_policy.measu
 draft growing each ladder shape) and the tree it chose. Every row counts the files in the Triton cache
 (`TRITON_CACHE_DIR`): kernels compiled so far.
 
+`--draft PATH` loads a trained draft (a folder or compact file of this target shape, e.g. the committed Qwen draft)
+onto the random target instead of an untrained draft built from it: its configuration (the target layers it reads,
+its draft vocabulary, its MLP width) is what a user's first call compiles.
+
 `--dynamic-regions` compiles the target's decoder layers with `dynamic=True` (an experiment, not the engine's
 default): on the CPU (tiny Qwen2, session 23) a second and third tree shape then compile only the draft phase (one
 graph, 2-3 s) instead of the layers' five graphs again (24-28 s); whether the dynamic-shape kernels keep the step's
@@ -99,12 +103,16 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=8192, help="prompt tokens")
     parser.add_argument("--dynamic-regions", action="store_true", help="compile the decoder layers with dynamic=True")
     parser.add_argument("--policy", action="store_true", help="the first call names no tree: the policy chooses")
+    parser.add_argument("--draft", help="a trained draft of this target shape (default: an untrained one from it)")
     args = parser.parse_args()
     if args.dynamic_regions:
         static_step._compile_regions = dynamic_regions
     tree_policy.measure_costs = timed_measure_costs
     target = random_target(args.shape)
-    draft = LongSpecDraft.from_target(target, target_hidden_input=True).to(device="cuda", dtype=torch.bfloat16)
+    if args.draft:
+        draft = LongSpecDraft.from_pretrained(args.draft, target_model=target)
+    else:
+        draft = LongSpecDraft.from_target(target, target_hidden_input=True).to(device="cuda", dtype=torch.bfloat16)
     torch.manual_seed(0)
     ids = torch.randint(100, 20000, (1, args.context), device="cuda")
     path = os.path.join(os.environ.get("OUT", "."), "compile_profile.jsonl")
@@ -114,8 +122,9 @@ def main() -> None:
             log.write(json.dumps(row) + "\n")
             log.flush()
 
-        emit({"dynamic_regions": args.dynamic_regions, "policy": args.policy, "shape": args.shape,
-              "context": args.context, "device": torch.cuda.get_device_name(), "torch": torch.__version__})
+        emit({"dynamic_regions": args.dynamic_regions, "policy": args.policy, "draft": args.draft,
+              "shape": args.shape, "context": args.context, "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__})
         first = None if args.policy else [4, 8, 8, 8]
         for widths in (first, [4, 16, 16, 16, 16], [4, 8, 8, 8]):
             emit(timed_first_call(target, draft, ids, widths))
