@@ -30,7 +30,9 @@
 #            (SMOL_VARIANTS, SMOL_STEPS steps or SMOL_MIN minutes), their tau in fp32 (tree / chain) beside the
 #            bundled draft's, and the bundled draft's successor (SMOL_FINAL_MIN minutes; SMOL_FINAL=0: neither)
 #   tau      the Qwen draft: tree + retrieval and chain (TAU_CONFIGS) on held-out + public documents, 2 per bucket
-#            (TAU_BUCKETS, default 8192,16384,30000); beside it (TAU4_S > 0) tau4: its int4 copy, tree + retrieval
+#            (TAU_BUCKETS, default 8192,16384,30000); beside it (TAU4_S > 0) tau4: its int4 copy, tree + retrieval;
+#            and (ACCEPT_S, default 240; 0: none) accept: the new draft, its int4 copy and INIT_DRAFT teacher-forced on
+#            the same fixed target texts (accept_matrix.py: per-level acceptance, replayed chain τ, no near-tie noise)
 #   bench    every greedy method end to end in one process, alone on the GPU (BENCH_S=0: none; BENCH_METHODS,
 #            BENCH_DATASETS, BENCH_BUCKETS). PIPELINE=pipeline-bench: convert and this bench of INIT_DRAFT alone
 # Set LONGSPEC_COMMIT on the launch command line; carry .evaldata (public jsonl + heldout.jsonl).
@@ -124,6 +126,12 @@ case "${1:-}" in
       echo "$(date +%T) NO TRAINED DRAFT: tau and bench measure ${draft:-an untrained draft}" >> "$L/status"
     fi
     [ -z "$draft" ] || [ ! -f "$draft.int8.safetensors" ] || draft=$draft.int8.safetensors  # measure what is kept
+    # the trained draft beside the one training started from, on the same fixed texts (not a timing either)
+    accept_pid=
+    if [ "${ACCEPT_S:-240}" != 0 ]; then
+      phase accept "$(( ${ACCEPT_S:-240} + 120 ))" bash benchmarks/lease_h200.sh accept "$draft" &
+      accept_pid=$!
+    fi
     # the int4 copy's tau beside the int8 one's (tau is not a timing: the two may share the GPU)
     tau4_pid=
     if [ "${TAU4_S:-0}" != 0 ] && [ -f "$HOME/draft-qwen15.int4.safetensors" ]; then
@@ -133,6 +141,7 @@ case "${1:-}" in
     fi
     [ "${TAU_S:-160}" = 0 ] || phase tau "$(( ${TAU_S:-160} + 90 ))" bash benchmarks/lease_h200.sh tau "$draft"
     [ -z "$tau4_pid" ] || wait "$tau4_pid"
+    [ -z "$accept_pid" ] || wait "$accept_pid"
     [ -z "$smol_pid" ] || wait "$smol_pid"
     [ "${BENCH_S:-180}" = 0 ] || phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
@@ -220,6 +229,18 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       --configs "${TAU_CONFIGS:-tree+retrieval,chain}" \
       --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 "${TAU_BUCKETS:-8192,16384,30000}")" --per-bucket \
       "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" --max-seconds "$(dry 60 "${TAU_S:-160}")" --out "$OUT/tau_matrix.json" ;;
+  accept)  # teacher-forced acceptance (accept_matrix.py) of the trained draft ($2) and its int4 copy beside the draft
+           # training started from (INIT_DRAFT, as the train phase reads it), on the same fixed target texts
+    pkg /tmp/pkg-accept
+    init=${INIT_DRAFT-$PWD/drafts/qwen2.5-coder-1.5b-instruct.int4.safetensors}
+    drafts=${2:+new=$2}
+    [ ! -f "$HOME/draft-qwen15.int4.safetensors" ] || drafts="$drafts,new4=$HOME/draft-qwen15.int4.safetensors"
+    [ "$DRY" = 1 ] || [ -z "$init" ] || [ ! -f "$init" ] || drafts="init=$init,$drafts"
+    [ -n "${drafts#,}" ] || { echo "accept: no draft to measure"; exit 0; }
+    python3 benchmarks/accept_matrix.py --target "$HOME/qwen15" --drafts "${drafts#,}" --dtype "$(dry float32 bfloat16)" \
+      --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 "${TAU_BUCKETS:-8192,16384,30000}")" \
+      --per-bucket "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" --max-seconds "$(dry 60 "${ACCEPT_S:-240}")" \
+      --out "$OUT/accept_matrix.json" ;;
   bench)  # every greedy method in one process (no other GPU work meanwhile); the held-out prose rows get a file of
           # their own (one prompt per bucket takes the first row of a file, a held-out code row in heldout.jsonl)
     grep '"dataset": "heldout-prose"' .evaldata/heldout.jsonl > .evaldata/heldout_prose.jsonl

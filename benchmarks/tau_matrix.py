@@ -91,34 +91,46 @@ def markdown(rows: list[dict], configs: list[str]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", required=True)
-    p.add_argument("--draft", default=None)
+def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
+    """The options choosing the prompts and the target's dtype (shared with `accept_matrix.py`)."""
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--datasets", default="code_completion,summarization",
                    help="jsonl names in the eval folder, each optionally NAME:ROWS_PER_BUCKET (e.g. heldout:4)")
     p.add_argument("--buckets", default="8192,16384,30000")
     p.add_argument("--per-bucket", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--configs", default=",".join(CONFIGS),
-                   help=f"names of {list(CONFIGS)} or tree shapes tree:W1-W2-...[+N] (N retrieval tokens)")
     p.add_argument("--data-dir", default=None,
                    help="folder of the evaluation jsonl files (default $LONGSPEC_EVAL_DIR or shared/data/eval)")
+
+
+def prompt_rows(args) -> list[tuple[str, dict]]:
+    """(dataset name, row) for `add_prompt_arguments`' options. Raises: ValueError for a bad `--datasets` entry,
+    FileNotFoundError for a missing jsonl file."""
+    eval_dir = Path(args.data_dir) if args.data_dir else default_eval_dir()
+    buckets = [int(b) for b in args.buckets.split(",")]
+    rows = []
+    for spec in args.datasets.split(","):
+        dataset, _, per_bucket = spec.partition(":")
+        rows += [(dataset, row) for row in select_eval_rows(eval_dir / f"{dataset}.jsonl", buckets,
+                                                            int(per_bucket or args.per_bucket))]
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", default=None)
+    add_prompt_arguments(p)
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"names of {list(CONFIGS)} or tree shapes tree:W1-W2-...[+N] (N retrieval tokens)")
     p.add_argument("--max-seconds", type=float, default=1e9,
                    help="start no new prompt after this many seconds (shared equally by the configurations)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     configs = args.configs.split(",")
-    eval_dir = Path(args.data_dir) if args.data_dir else default_eval_dir()
-    buckets = [int(b) for b in args.buckets.split(",")]
     try:  # bad configurations and missing data fail before the models load
         kwargs_of = {name: config_kwargs(name) for name in configs}
-        rows = []
-        for spec in args.datasets.split(","):
-            dataset, _, per_bucket = spec.partition(":")
-            rows += [(dataset, row) for row in select_eval_rows(eval_dir / f"{dataset}.jsonl", buckets,
-                                                                int(per_bucket or args.per_bucket))]
+        rows = prompt_rows(args)
     except (ValueError, FileNotFoundError) as err:
         p.error(str(err))
     device = "cuda" if torch.cuda.is_available() else "cpu"

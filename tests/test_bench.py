@@ -206,6 +206,63 @@ def test_tau_matrix_refuses_bad_arguments_before_loading_a_model(monkeypatch, ca
     assert done.value.code == 2 and message in capsys.readouterr().err
 
 
+def _replayed_chain(module, target, draft, ids, new_tokens, retrieval=0):
+    """(the chain steps accept_matrix.py replays on the plain greedy text, the steps `generate` records)."""
+    plain = target.generate(ids, do_sample=False, max_new_tokens=new_tokens)
+    depth, prompt_len = 6, ids.shape[1]
+    passed = module.target_pass(target, plain, draft.config.target_feature_layers)
+    choices = module.level_choices(draft, plain, prompt_len, depth, 4, passed)
+    replayed = module.decode_steps(plain, prompt_len, module.chain_accepted(choices, plain, prompt_len), retrieval)
+    spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=new_tokens,
+                           longspec_beam_widths=[1] * depth, longspec_retrieval=retrieval)
+    assert torch.equal(spec, plain)
+    return replayed, draft.last_generation_stats.accepted_lengths
+
+
+def test_accept_matrix_replays_chain_decoding_with_feature_layers_and_a_draft_vocabulary():
+    module = _load(TESTS.parent / "benchmarks" / "accept_matrix.py")
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, target_hidden_input=True, target_feature_layers=[0], sliding_window=8)
+    draft.set_draft_vocabulary(torch.arange(3, 60))
+    ids = torch.randint(3, 99, (1, 30), generator=torch.Generator().manual_seed(0))
+    replayed, real = _replayed_chain(module, target, draft, ids, 40)
+    # the last step may accept past max_new_tokens in `generate` (then cut); the text here ends there
+    assert len(replayed) == len(real) and replayed[:-1] == real[:-1] and max(real) >= 2
+
+
+@pytest.mark.parametrize("retrieval", [0, 10])
+def test_accept_matrix_replays_chain_decoding_on_real_smollm2(smollm2, eval_rows, retrieval):
+    """Teacher forcing on the plain greedy text gives the accepted lengths of a real chain decode, step by step."""
+    from transformers_longspec.demo import DEFAULT_DRAFT_DIR, eval_prompt
+
+    module = _load(TESTS.parent / "benchmarks" / "accept_matrix.py")
+    target, tokenizer = smollm2
+    draft = LongSpecDraft.from_pretrained(DEFAULT_DRAFT_DIR, target_model=target)
+    deepest = 0
+    for name in ("summarization", "code_completion"):
+        ids = eval_prompt(eval_rows(name, 1)[0], tokenizer, 384)
+        replayed, real = _replayed_chain(module, target, draft, ids, 48, retrieval)
+        assert len(replayed) == len(real) and replayed[:-1] == real[:-1]
+        deepest = max(deepest, *real[:-1])
+    assert deepest >= (7 if retrieval else 3)  # deep runs happened, so the levels' offsets were checked
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--drafts", "no-such-draft.safetensors"], "draft not found: ['no-such-draft.safetensors']"),
+    (["--drafts", "{draft}", "--data-dir", "no-such-folder"], "code_completion.jsonl not found"),
+    (["--drafts", "{draft}", "--depth", "0"], "--depth and --width must be >= 1"),
+])
+def test_accept_matrix_refuses_bad_arguments_before_loading_a_model(monkeypatch, capsys, tmp_path, argv, message):
+    module = _load(TESTS.parent / "benchmarks" / "accept_matrix.py")
+    draft = tmp_path / "draft.safetensors"
+    draft.write_bytes(b"")
+    argv = [a.format(draft=draft) for a in argv]
+    monkeypatch.setattr(sys, "argv", ["accept_matrix.py", "--target", "no-such-model", "--out", "x.json", *argv])
+    with pytest.raises(SystemExit) as done:
+        module.main()
+    assert done.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_eval_lossless_uses_the_shared_helpers():
     module = _load(TESTS.parent / "benchmarks" / "eval_lossless.py")
     assert module.top2_logits.__module__ == "transformers_longspec.bench.exactness"
