@@ -1,13 +1,13 @@
 """Teacher-forced acceptance: several drafts on the same fixed target texts, with no decoding and no near-tie noise.
 
 `tau_matrix.py` measures τ by decoding, so in bf16 each run may part from the plain text at a near-tie and then
-measures another text: two drafts on two prompts per cell differ by ±0.3-0.9 τ from that alone (benchmarks/NOTES.md,
-sessions 24-25). Here the target's greedy answer to each prompt is generated once (or read back with `--answers`), one
-target pass covers prompt + answer, and every draft runs its training forward over it at noise offsets 1..depth:
-level k of a draft chain reads the target's cache up to the last committed token and k - 1 true tokens after it,
-which is offset j = k (LongSpec §3.2, Alg. 2; `LongSpecDraft.forward`). Per answer position t and level k, the
-draft's top choice (over its vocabulary for this prompt, `DraftVocabulary`, as at inference) is compared with the
-target's token t + k. From these:
+measures another text: the int8 and int4 copies of one draft, equal here to within 0.03 chain τ, differed by 0.2-1.1
+τ on its two-prompt summary cells (benchmarks/NOTES.md, session 25). Here the target's greedy answer to each prompt
+is generated once (or read back with `--answers`), one target pass covers prompt + answer, and every draft runs its
+training forward over it at noise offsets 1..depth: level k of a draft chain reads the target's cache up to the last
+committed token and k - 1 true tokens after it, which is offset j = k (LongSpec §3.2, Alg. 2;
+`LongSpecDraft.forward`). Per answer position t and level k, the draft's top choice (over its vocabulary for this
+prompt, `DraftVocabulary`, as at inference) is compared with the target's token t + k. From these:
 
 - `level_accuracy[k]`: how often level k alone is right (teacher-forced, not conditioned on the levels before);
 - `first_top1`, `first_topw`: the first token among the draft's best 1 / `--width` (the default tree's root width);
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from transformers_longspec.cli.models import load_draft, load_target
 from transformers_longspec.demo import eval_prompt
-from transformers_longspec.retrieval import longest_match_continuation
+from transformers_longspec.retrieval import longest_match_continuation, validate_retrieval_tokens
 from transformers_longspec.trainers.trainer import target_last_layer_kv
 from transformers_longspec.vocabulary import DraftVocabulary
 
@@ -166,16 +166,17 @@ def markdown(rows: list[dict], names: list[str], width: int) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", required=True)
-    p.add_argument("--drafts", required=True, help="NAME=PATH,... (or PATH,...: named by the file)")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="the target: a model folder, a .gguf file or 'smollm2'")
+    p.add_argument("--drafts", required=True,
+                   help="drafts of this target (folders or compact .safetensors files): NAME=PATH,... or PATH,...")
     add_prompt_arguments(p)
     p.add_argument("--depth", type=int, default=6, help="chain levels (the tau_matrix chain is [1] * 6)")
     p.add_argument("--width", type=int, default=4, help="first-level choices counted (the default tree's root)")
     p.add_argument("--retrieval", type=int, default=10, help="retrieval chain tokens (0: none)")
     p.add_argument("--answers", default=None, help="an earlier output of this script: its answers, not new ones")
     p.add_argument("--max-seconds", type=float, default=1e9, help="start no new prompt after this many seconds")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the JSON file to write (the markdown table goes beside it)")
     args = p.parse_args()
     specs = [d.partition("=") for d in args.drafts.split(",")]
     drafts = {(name if sep else Path(name).stem): (path if sep else name) for name, sep, path in specs}
@@ -185,6 +186,7 @@ def main() -> None:
     if args.depth < 1 or args.width < 1:
         p.error("--depth and --width must be >= 1")
     try:
+        validate_retrieval_tokens(args.retrieval)
         rows = prompt_rows(args)
         kept = {r["id"]: r["answer_ids"] for r in json.loads(Path(args.answers).read_text())["rows"]} \
             if args.answers else {}

@@ -84,7 +84,8 @@ def warm_step(target, draft, ids, widths) -> dict:
                     longspec_retrieval=10)
     stats = draft.last_generation_stats
     steps = len(stats.accepted_lengths)
-    return {"warm_widths": widths, "steps": steps, "step_ms": round(1e3 * (stats.total_s - stats.prefill_s) / steps, 3),
+    return {"warm_widths": widths, "steps": steps,
+            "step_ms": round(1e3 * (stats.total_s - stats.prefill_s) / steps, 3),
             "draft_ms": round(1e3 * stats.draft_s / steps, 3), "verify_ms": round(1e3 * stats.verify_s / steps, 3)}
 
 

@@ -96,21 +96,28 @@ def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--datasets", default="code_completion,summarization",
                    help="jsonl names in the eval folder, each optionally NAME:ROWS_PER_BUCKET (e.g. heldout:4)")
-    p.add_argument("--buckets", default="8192,16384,30000")
-    p.add_argument("--per-bucket", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--data-dir", default=None,
-                   help="folder of the evaluation jsonl files (default $LONGSPEC_EVAL_DIR or shared/data/eval)")
+    p.add_argument("--buckets", default="8192,16384,30000", help="length buckets (prompt tokens), comma-separated")
+    p.add_argument("--per-bucket", type=int, default=2, help="prompts per dataset and bucket")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated per prompt")
+    p.add_argument("--data-dir", default=None, help="folder of the evaluation jsonl files (default "
+                   "$LONGSPEC_EVAL_DIR, else shared/data/eval in the folder that holds this checkout)")
 
 
 def prompt_rows(args) -> list[tuple[str, dict]]:
-    """(dataset name, row) for `add_prompt_arguments`' options. Raises: ValueError for a bad `--datasets` entry,
-    FileNotFoundError for a missing jsonl file."""
+    """(dataset name, row) for `add_prompt_arguments`' options. Raises: ValueError naming the option for a bad
+    `--buckets`, `--datasets` or `--per-bucket`; FileNotFoundError for a missing jsonl file."""
     eval_dir = Path(args.data_dir) if args.data_dir else default_eval_dir()
-    buckets = [int(b) for b in args.buckets.split(",")]
+    try:
+        buckets = [int(b) for b in args.buckets.split(",")]
+    except ValueError:
+        raise ValueError(f"--buckets takes comma-separated token counts, e.g. 8192,16384; got {args.buckets!r}") \
+            from None
     rows = []
     for spec in args.datasets.split(","):
         dataset, _, per_bucket = spec.partition(":")
+        if not (per_bucket or "1").isdigit() or int(per_bucket or args.per_bucket) < 1:
+            raise ValueError(f"prompts per bucket must be a positive number (--per-bucket, or NAME:N in --datasets); "
+                             f"got {spec!r} with --per-bucket {args.per_bucket}")
         rows += [(dataset, row) for row in select_eval_rows(eval_dir / f"{dataset}.jsonl", buckets,
                                                             int(per_bucket or args.per_bucket))]
     return rows

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -251,6 +252,10 @@ def test_accept_matrix_replays_chain_decoding_on_real_smollm2(smollm2, eval_rows
     (["--drafts", "no-such-draft.safetensors"], "draft not found: ['no-such-draft.safetensors']"),
     (["--drafts", "{draft}", "--data-dir", "no-such-folder"], "code_completion.jsonl not found"),
     (["--drafts", "{draft}", "--depth", "0"], "--depth and --width must be >= 1"),
+    (["--drafts", "{draft}", "--retrieval", "-1"], "longspec_retrieval must be an int in [0, 64]"),
+    (["--drafts", "{draft}", "--buckets", "8k"], "--buckets takes comma-separated token counts"),
+    (["--drafts", "{draft}", "--datasets", "summarization:abc"], "prompts per bucket must be a positive number"),
+    (["--drafts", "{draft}", "--per-bucket", "0"], "prompts per bucket must be a positive number"),
 ])
 def test_accept_matrix_refuses_bad_arguments_before_loading_a_model(monkeypatch, capsys, tmp_path, argv, message):
     module = _load(TESTS.parent / "benchmarks" / "accept_matrix.py")
@@ -279,6 +284,14 @@ def test_cpu_defaults_to_fp32_and_a_cut_context_is_labelled_by_its_length(saved_
     assert report["meta"]["args"]["dtype"] == "fp32"
     assert {r["bucket"] for r in report["rows"]} == {40} and {r["prompt_tokens"] for r in report["rows"]} == {40}
     assert {a["bucket"] for a in report["aggregates"]} == {40, "all"}
+
+
+def test_generate_command_compares_with_plain_greedy(saved_target, capsys):
+    assert main(["generate", "--target", str(saved_target / "target"), "--prompt", "def add(a, b):",
+                 "--max-new-tokens", "12", "--tree", "2,2", "--device", "cpu"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "tree [2, 2] (draft tokens per level)" in out
+    assert re.search(r"LongSpec \d+\.\d\dx plain; identical output: True", out), out
 
 
 def test_a_method_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):

@@ -127,13 +127,15 @@ def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
                           streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True), **extra)
     stats = draft.last_generation_stats
     print(f"\nLongSpec: {stats.new_tokens} tokens, tau {stats.tau:.2f} (mean tokens per target forward), "
-          f"{stats.decode_tokens_per_s:.1f} tokens/s decode (prefill excluded), tree {list(stats.beam_widths)}, "
-          f"retrieval branch {stats.retrieval_tokens} tokens ({stats.retrieval_accepted} accepted)")
+          f"{stats.decode_tokens_per_s:.1f} tokens/s decode (prefill excluded), tree {list(stats.beam_widths)} (draft "
+          f"tokens per level), retrieval branch {stats.retrieval_tokens} tokens ({stats.retrieval_accepted} accepted)")
     if args.compare:
         clock = _DecodeClock()
         plain = target.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens, streamer=clock)
-        print(f"plain greedy: {plain.shape[1] - ids.shape[1]} tokens, {clock.tokens_per_s():.1f} tokens/s decode "
-              f"(same clock: first to last generated token); identical output: {torch.equal(plain, out)}")
+        plain_tok_s, spec_tok_s = clock.tokens_per_s(), stats.decode_tokens_per_s
+        ratio = f"LongSpec {spec_tok_s / plain_tok_s:.2f}x plain; " if plain_tok_s > 0 and spec_tok_s > 0 else ""
+        print(f"plain greedy: {plain.shape[1] - ids.shape[1]} tokens, {plain_tok_s:.1f} tokens/s decode (same clock: "
+              f"first to last generated token); {ratio}identical output: {torch.equal(plain, out)}")
 
 
 def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
@@ -150,7 +152,8 @@ def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)")
     p.add_argument("--tree", metavar="WIDTHS",
                    help="draft tree shape: how many candidates to keep at each depth, comma-separated, e.g. "
-                   "4,16,16,16,16, or 'none' (the root alone, and the retrieval branch) (default: the shape of highest "
+                   "4,16,16,16,16, or 'none' (the root alone, and the retrieval branch) (default: the shape of "
+                   "highest "
                    "predicted speed on this device, chosen from measured costs up to the draft's own; on a CPU, where "
                    "every node costs compute, a small tree or none)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
