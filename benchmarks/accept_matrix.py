@@ -15,7 +15,7 @@ prompt, `DraftVocabulary`, as at inference) is compared with the target's token 
 - `chain_tau`: the chain tree `[1] * depth` decoded on the fixed text (from each step's bonus token the run of
   right levels, then the next bonus): the accepted lengths `generate` records with that chain in exact arithmetic;
 - `chain_retrieval_tau`: the same step by step with the retrieval chain beside it (`--retrieval` tokens after the
-  longest earlier match, `retrieval.longest_match_continuation`), the longer of the two accepted.
+  longest earlier match, `retrieval.retrieval_accepted`), the longer of the two accepted.
 
     python benchmarks/accept_matrix.py --target ~/qwen15 --drafts s19=draft-s19.int8.safetensors,s25=... \\
         --datasets heldout:4,code_completion,summarization --buckets 8192,16384,30000 --out accept.json
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from transformers_longspec.cli.models import load_draft, load_target
 from transformers_longspec.demo import eval_prompt
-from transformers_longspec.retrieval import longest_match_continuation, validate_retrieval_tokens
+from transformers_longspec.retrieval import retrieval_accepted, validate_retrieval_tokens
 from transformers_longspec.trainers.trainer import target_last_layer_kv
 from transformers_longspec.vocabulary import DraftVocabulary
 
@@ -86,17 +86,22 @@ def level_choices(draft, sequence: torch.Tensor, prompt_len: int, depth: int, wi
     return choices
 
 
+def level_hits(choices: torch.Tensor, sequence: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """(depth, length) bool on the CPU: [k - 1, t] is True where level k's top choice, from the bonus token at t
+    (prompt_len <= t < length - k), is the target's token t + k; False elsewhere."""
+    choices, tokens = choices.cpu(), sequence[0].cpu()
+    length, depth = tokens.shape[0], choices.shape[0]
+    hits = torch.zeros(depth, length, dtype=torch.bool)
+    for k in range(1, depth + 1):
+        starts = torch.arange(prompt_len, length - k)
+        hits[k - 1, starts] = choices[k - 1, starts + k - 1, 0] == tokens[starts + k]
+    return hits
+
+
 def chain_accepted(choices: torch.Tensor, sequence: torch.Tensor, prompt_len: int) -> list[int]:
     """Draft tokens a chain accepts from each bonus position t (prompt_len <= t < length - 1): the run of levels
     k = 1.. whose top choice at position t + k - 1 equals token t + k (stopping at the text's end)."""
-    length, depth = sequence.shape[1], choices.shape[0]
-    tokens = sequence[0]
-    right = torch.zeros(depth, length, dtype=torch.bool)
-    for k in range(1, depth + 1):  # right[k - 1, t]: level k from bonus t
-        starts = torch.arange(prompt_len, length - k)
-        right[k - 1, starts] = (choices[k - 1, starts + k - 1, 0] == tokens[starts + k]).cpu()
-    runs = right.long().cumprod(dim=0).sum(dim=0)
-    return runs.tolist()
+    return level_hits(choices, sequence, prompt_len).long().cumprod(dim=0).sum(dim=0).tolist()
 
 
 def decode_steps(sequence: torch.Tensor, prompt_len: int, accepted: list[int], retrieval: int = 0) -> list[int]:
@@ -108,10 +113,7 @@ def decode_steps(sequence: torch.Tensor, prompt_len: int, accepted: list[int], r
     while t < length - 1:
         a = accepted[t]
         if retrieval:
-            proposal, known = longest_match_continuation(tokens, t, retrieval)
-            real = tokens[(t + torch.arange(1, retrieval + 1)).clamp(max=length - 1)]
-            hit = known & (proposal == real) & (t + torch.arange(1, retrieval + 1) < length)
-            a = max(a, int(hit.long().cumprod(0).sum()))
+            a = max(a, int(retrieval_accepted(tokens, t, retrieval)))
         a = min(a, length - 1 - t - 1)  # the last token of the text is a bonus
         steps.append(a + 1)
         t += a + 1
@@ -120,21 +122,18 @@ def decode_steps(sequence: torch.Tensor, prompt_len: int, accepted: list[int], r
 
 def acceptance_record(choices: torch.Tensor, sequence: torch.Tensor, prompt_len: int, retrieval: int) -> dict:
     """The per-draft numbers of the module docstring for one prompt."""
-    tokens = sequence[0].cpu()
-    choices = choices.cpu()
-    length, depth = tokens.shape[0], choices.shape[0]
+    choices, sequence = choices.cpu(), sequence.cpu()
+    tokens, length = sequence[0], sequence.shape[1]
     first = torch.arange(prompt_len, length - 1)  # level-1 choices of the answer's tokens 2.. (1: the prefill's)
     truth = tokens[first + 1]
     top1 = choices[0, first, 0] == truth
     topw = (choices[0, first] == truth[:, None]).any(dim=1)
     in_prompt = torch.isin(truth, tokens[:prompt_len])
-    levels = []
-    for k in range(1, depth + 1):
-        starts = torch.arange(prompt_len, length - k)
-        levels.append((choices[k - 1, starts + k - 1, 0] == tokens[starts + k]).float().mean().item())
-    accepted = chain_accepted(choices, sequence.cpu(), prompt_len)
-    chain = decode_steps(sequence.cpu(), prompt_len, accepted)
-    with_retrieval = decode_steps(sequence.cpu(), prompt_len, accepted, retrieval) if retrieval else chain
+    hits = level_hits(choices, sequence, prompt_len)
+    levels = [hits[k - 1, prompt_len : length - k].float().mean().item() for k in range(1, hits.shape[0] + 1)]
+    accepted = hits.long().cumprod(dim=0).sum(dim=0).tolist()
+    chain = decode_steps(sequence, prompt_len, accepted)
+    with_retrieval = decode_steps(sequence, prompt_len, accepted, retrieval) if retrieval else chain
     mean = lambda x: x.float().mean().item() if x.numel() else float("nan")  # noqa: E731
     return {
         "level_accuracy": levels, "first_top1": mean(top1), "first_topw": mean(topw),
@@ -214,13 +213,12 @@ def main() -> None:
                 answer = target.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens)[:, ids.shape[1]:]
         record["answer_ids"] = answer[0].tolist()
         sequence = torch.cat([ids, answer], dim=1)
-        passes = {}
-        record["drafts"] = {}
+        record["drafts"], passed_layers, passed = {}, None, None
         for name, draft in loaded.items():
             layers = tuple(draft.config.target_feature_layers or ())
-            if layers not in passes:
-                passes = {layers: target_pass(target, sequence, layers)}  # one pass alive at a time
-            choices = level_choices(draft, sequence, ids.shape[1], args.depth, args.width, passes[layers])
+            if layers != passed_layers:  # drafts reading the same target layers share one target pass
+                passed_layers, passed = layers, target_pass(target, sequence, layers)
+            choices = level_choices(draft, sequence, ids.shape[1], args.depth, args.width, passed)
             record["drafts"][name] = acceptance_record(choices, sequence, ids.shape[1], args.retrieval)
         records.append(record)
         print(json.dumps({k: v for k, v in record.items() if k not in ("answer_ids", "drafts")}

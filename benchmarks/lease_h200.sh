@@ -67,6 +67,10 @@ pkg() {  # pkg DIR: the package assembled under DIR, on PYTHONPATH with the stag
     TOKENIZERS_PARALLELISM=true HF_HUB_OFFLINE=1 LONGSPEC_EVAL_DIR=$PWD/.evaldata
 }
 
+init_draft() {  # the draft training starts from: INIT_DRAFT, else the committed int4 file (INIT_DRAFT= : a new one)
+  echo "${INIT_DRAFT-$L/repo/drafts/qwen2.5-coder-1.5b-instruct.int4.safetensors}"
+}
+
 dry() {  # dry SMALL LARGE: SMALL in a dry run, else LARGE
   if [ "$DRY" = 1 ]; then echo "$1"; else echo "$2"; fi
 }
@@ -121,7 +125,7 @@ case "${1:-}" in
     if [ ! -f "$draft/config.json" ]; then  # no trained draft (training failed or ran out of time): measure the draft
       # training started from (the train phase's INIT_DRAFT), said in the status file (session 21 measured an untrained
       # draft unawares)
-      draft=${INIT_DRAFT-$L/repo/drafts/qwen2.5-coder-1.5b-instruct.int4.safetensors}
+      draft=$(init_draft)
       [ "$DRY" = 0 ] && [ -f "$draft" ] || draft=
       echo "$(date +%T) NO TRAINED DRAFT: tau and bench measure ${draft:-an untrained draft}" >> "$L/status"
     fi
@@ -209,7 +213,7 @@ case "${1:-}" in
       $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-240}")")") ;;
   train)  # continues the committed compact draft unless INIT_DRAFT says otherwise (INIT_DRAFT= : a new draft);
           # TRAIN_SET: more `longspec train` arguments, e.g. "--set draft_vocab_loss=true"
-    INIT_DRAFT=${INIT_DRAFT-$PWD/drafts/qwen2.5-coder-1.5b-instruct.int4.safetensors}
+    INIT_DRAFT=$(init_draft)
     [ -z "$INIT_DRAFT" ] || [ -f "$INIT_DRAFT" ] || INIT_DRAFT=
     [ "$DRY" = 0 ] || INIT_DRAFT=  # the dry run's target is a small stand-in: a new draft
     OUT=$OUT DRAFT=$HOME/draft-qwen15 TARGET=$HOME/qwen15 RECIPE=$RECIPE DRAFT_SET=$DRAFT_SET DRY_RUN=$DRY \
@@ -232,7 +236,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
   accept)  # teacher-forced acceptance (accept_matrix.py) of the trained draft ($2) and its int4 copy beside the draft
            # training started from (INIT_DRAFT, as the train phase reads it), on the same fixed target texts
     pkg /tmp/pkg-accept
-    init=${INIT_DRAFT-$PWD/drafts/qwen2.5-coder-1.5b-instruct.int4.safetensors}
+    init=$(init_draft)
     drafts=${2:+new=$2}
     [ ! -f "$HOME/draft-qwen15.int4.safetensors" ] || drafts="$drafts,new4=$HOME/draft-qwen15.int4.safetensors"
     [ "$DRY" = 1 ] || [ -z "$init" ] || [ ! -f "$init" ] || drafts="init=$init,$drafts"

@@ -115,11 +115,11 @@ def prompt_rows(args) -> list[tuple[str, dict]]:
     rows = []
     for spec in args.datasets.split(","):
         dataset, _, per_bucket = spec.partition(":")
-        if not (per_bucket or "1").isdigit() or int(per_bucket or args.per_bucket) < 1:
+        per_bucket = per_bucket or str(args.per_bucket)
+        if not per_bucket.isdigit() or int(per_bucket) < 1:
             raise ValueError(f"prompts per bucket must be a positive number (--per-bucket, or NAME:N in --datasets); "
                              f"got {spec!r} with --per-bucket {args.per_bucket}")
-        rows += [(dataset, row) for row in select_eval_rows(eval_dir / f"{dataset}.jsonl", buckets,
-                                                            int(per_bucket or args.per_bucket))]
+        rows += [(dataset, row) for row in select_eval_rows(eval_dir / f"{dataset}.jsonl", buckets, int(per_bucket))]
     return rows
 
 

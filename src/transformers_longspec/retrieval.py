@@ -99,15 +99,27 @@ def prompt_retrieval_gains(tokens: torch.Tensor, lengths, samples: int = 32) -> 
         return dict.fromkeys(lengths, 0.0)
     first = min(64, length // 2)  # leave some history to match against
     positions = torch.linspace(first, length - 2, min(samples, length - 1 - first)).long().unique().tolist()
-    offsets = torch.arange(1, longest + 1, device=tokens.device)
-    accepted = []
-    for p in positions:
-        proposal, known = longest_match_continuation(tokens[: p + 1], p, longest)
-        real = tokens[(p + offsets).clamp(max=length - 1)]
-        hit = known & (proposal == real) & (p + offsets < length)
-        accepted.append(hit.long().cumprod(0).sum())
-    accepted = torch.stack(accepted).float()
+    accepted = torch.stack([retrieval_accepted(tokens, p, longest) for p in positions]).float()
     return {n: accepted.clamp(max=n).mean().item() for n in lengths}
+
+
+def retrieval_accepted(tokens: torch.Tensor, last: int, n: int) -> torch.Tensor:
+    """How many tokens of the retrieval chain proposed after position `last` (the `n` tokens that followed the longest
+    earlier match, looked up in `tokens[: last + 1]`) equal the tokens that really follow `last` in `tokens`: what
+    greedy verification accepts from that chain on a known text.
+
+    Args:
+        tokens: (length,) int64, a whole known text (any device). last: position of the last committed token (int).
+        n: chain length (tokens, >= 1).
+    Returns: 0-dim int64 tensor in [0, n]; no host sync.
+    Reference: module docstring; the acceptance of a chain under greedy verification (`verification.py`).
+    """
+    length = tokens.shape[0]
+    proposal, known = longest_match_continuation(tokens[: last + 1], last, n)
+    offsets = torch.arange(1, n + 1, device=tokens.device)
+    real = tokens[(last + offsets).clamp(max=length - 1)]
+    hit = known & (proposal == real) & (last + offsets < length)
+    return hit.long().cumprod(0).sum()
 
 
 def add_retrieval_branch(tree: DraftTree, continuation: torch.Tensor, known: torch.Tensor) -> DraftTree:
@@ -158,4 +170,4 @@ def add_retrieval_branch(tree: DraftTree, continuation: torch.Tensor, known: tor
 
 
 __all__ = ["DEFAULT_RETRIEVAL_TOKENS", "MAX_NGRAM", "POLICY_RETRIEVAL_TOKENS", "add_retrieval_branch",
-           "longest_match_continuation", "prompt_retrieval_gains", "validate_retrieval_tokens"]
+           "longest_match_continuation", "prompt_retrieval_gains", "retrieval_accepted", "validate_retrieval_tokens"]

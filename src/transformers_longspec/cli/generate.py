@@ -153,9 +153,8 @@ def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
     p.add_argument("--tree", metavar="WIDTHS",
                    help="draft tree shape: how many candidates to keep at each depth, comma-separated, e.g. "
                    "4,16,16,16,16, or 'none' (the root alone, and the retrieval branch) (default: the shape of "
-                   "highest "
-                   "predicted speed on this device, chosen from measured costs up to the draft's own; on a CPU, where "
-                   "every node costs compute, a small tree or none)")
+                   "highest predicted speed on this device, chosen from measured costs up to the draft's own; on a "
+                   "CPU, where every node costs compute, a small tree or none)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                    help="where to run (default: cuda when available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
