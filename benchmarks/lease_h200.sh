@@ -28,7 +28,9 @@
 #            and `wait` brings back in parts (commit it over the old one when its tau holds up)          ~9 min
 #   smol     (SMOL=1 only, from the end of data, beside chat, train and tau) SmolLM2 drafts at equal budget, one lever changed each
 #            (SMOL_VARIANTS, SMOL_STEPS steps or SMOL_MIN minutes), their tau in fp32 (tree / chain) beside the
-#            bundled draft's, and the bundled draft's successor (SMOL_FINAL_MIN minutes; SMOL_FINAL=0: neither)
+#            bundled draft's, and the bundled draft's successor (SMOL_FINAL_MIN minutes; SMOL_FINAL=0: neither;
+#            SMOL_INIT: the draft it continues, else a new one; SMOL_VARIANTS= : no levers); SMOL_MIX: JSON members
+#            over the smollm2 recipe's data.mix, in the data phase's rows and in every SmolLM2 run
 #   tau      the Qwen draft: tree + retrieval and chain (TAU_CONFIGS) on held-out + public documents, 2 per bucket
 #            (TAU_BUCKETS, default 8192,16384,30000); beside it (TAU4_S > 0) tau4: its int4 copy, tree + retrieval;
 #            and (ACCEPT_S, default 240; 0: none) accept: the new draft, its int4 copy and INIT_DRAFT teacher-forced on
@@ -81,7 +83,7 @@ qwen_mix() {
     ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_long_prompts": 2, "chat_long_prompt_chars": [1600, 3200], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
 }
 smol_mix() {
-  echo "{\"rows_cache\": \"$HOME/rows-smollm2.pt\", \"chat_cache\": \"$HOME/chat-cache-smollm2.jsonl\"$(dry \
+  echo "{\"rows_cache\": \"$HOME/rows-smollm2.pt\", \"chat_cache\": \"$HOME/chat-cache-smollm2.jsonl\"${SMOL_MIX:+, $SMOL_MIX}$(dry \
     ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_long_prompts": 2, "chat_long_prompt_chars": [1600, 3200], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
 }
 set_mix() {  # set_mix JSON: the --set-mix arguments of a JSON object, one per line (compact JSON: no spaces)
@@ -259,7 +261,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
       bash benchmarks/lease_h200.sh smol-train final &
     fi
-    for v in ${SMOL_VARIANTS:-full nolayers nofeature nochat nolong nosoft noinit python nearfirst alloffsets prose}; do
+    for v in ${SMOL_VARIANTS-full nolayers nofeature nochat nolong nosoft noinit python nearfirst alloffsets prose}; do
       bash benchmarks/lease_h200.sh smol-train "$v"
     done
     wait ;;
@@ -276,7 +278,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       alloffsets) extra="--set noise_offsets_per_step=4" ;;  # every tree level every step, one target pass
       prose) mix_set=", \"prose_roots\": [\"$PWD/.prose\"], \"rows_cache\": null, $PROSE_MIX" ;;  # general prose
       python) mix_set=', "kinds": {"python": 1.0}, "rows_cache": null' ;;  # the data mix: Python sources only
-      final) steps=${SMOL_FINAL_STEPS:-2400} minutes=${SMOL_FINAL_MIN:-5} ;;
+      final) steps=${SMOL_FINAL_STEPS:-2400} minutes=${SMOL_FINAL_MIN:-5} extra="${SMOL_INIT:+--draft $SMOL_INIT}" ;;
     esac
     OUT=$OUT/$2 DRAFT=$HOME/draft-smol-$2 RECIPE=$SMOL_RECIPE TARGET=$HOME/smollm2 PKG=/tmp/pkg-smol-$2 \
       CHAT_CACHE=$HOME/chat-cache-smollm2.jsonl DRAFT_SET="$draft_set" MIX_SET="$(smol_mix "$mix_set")" DRY_RUN=$DRY \

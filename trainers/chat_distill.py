@@ -35,7 +35,8 @@ import torch
 
 from .batch_greedy import batch_greedy, batch_greedy_unsupported, cut_after_stop, left_pad
 
-__all__ = ["CHAT_TASKS", "chat_distill_rows", "chat_prompts", "generate_answers", "render_prompts"]
+__all__ = ["CHAT_TASKS", "DEFAULT_CHAT_TASKS", "chat_distill_rows", "chat_prompts", "generate_answers",
+           "render_prompts"]
 
 # Instructions per task, one drawn per prompt ({what}: "Python file", "C/C++ source file", "document", "text"); the
 # "question" task draws one of the questions below. Summaries come in several forms (short, bulleted, part by part)
@@ -53,7 +54,19 @@ CHAT_TASKS = {
         "Explain the ideas behind the following {what}: what it does or says, and why.",
     ),
     "question": ("Read the following {what} and answer the question at the end.",),
+    # over long documents (several files, or texts one after another): a summary of each part in turn, the layout
+    # users ask of a bundle of documents; not among the default tasks (data.mix.chat_parts_prompts asks for it)
+    "summarize_parts": (
+        "Summarize the following {what} one part at a time: for each file or text in it, name it and give its "
+        "main points.",
+        "Go through the following {what} part by part and, for every part, say what it is and what it says or does "
+        "in a few sentences.",
+        "Write a summary of each part of the following {what} in turn: its subject first, then its key points and "
+        "details.",
+    ),
 }
+# the tasks a prompt draws by default (the order fixes which one a seed draws: cached answers stay valid)
+DEFAULT_CHAT_TASKS = ("summarize", "continue", "explain", "question")
 _QUESTIONS = {
     "code": (
         "Which function or class here is the most important, and how would you call it correctly?",
@@ -72,7 +85,8 @@ _WHAT = {"python": ("Python file", "python"), "c_cpp": ("C/C++ source file", "cp
 
 
 def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars: tuple[int, int] = (3000, 9000),
-                 tasks: Sequence[str] = tuple(CHAT_TASKS), seed: int = 0, instruction_after: float = 0.5) -> list[str]:
+                 tasks: Sequence[str] = DEFAULT_CHAT_TASKS, seed: int = 0,
+                 instruction_after: float = 0.5) -> list[str]:
     """User messages asking for one task over an excerpt of a document.
 
     The instruction comes before the excerpt ("Summarize the following document: ...") or, for a share
@@ -83,7 +97,7 @@ def chat_prompts(documents: Sequence[tuple[str, str]], count: int, prompt_chars:
         documents: (kind, text) pairs, kind one of "python", "c_cpp", "other_code", "docs", "prose".
         count: prompts to build (documents are reused round-robin if there are fewer).
         prompt_chars: (min, max) characters of document per prompt (~3.5 characters per token).
-        tasks: names from `CHAT_TASKS`.
+        tasks: names from `CHAT_TASKS` (default `DEFAULT_CHAT_TASKS`: all but "summarize_parts").
         seed: choice of excerpt, length, task and instruction placement.
         instruction_after: share of prompts (0 to 1) with the instruction after the excerpt.
     Returns: `count` user-message strings (no chat template yet).

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from .chat_distill import chat_distill_rows, chat_prompts, generate_answers, render_prompts
+from .chat_distill import DEFAULT_CHAT_TASKS, chat_distill_rows, chat_prompts, generate_answers, render_prompts
 from .corpus import DOC_KINDS, CorpusStats, corpus_documents, repository_documents
 from .data import ChatCollator, _pad_token_id, pack_texts
 from .exclusions import refuse_evaluation, text_evaluation_reason
@@ -66,6 +66,9 @@ class MixSpec:
             short prompts, in batches of as many prompt tokens (chat_batch_size x the short and long maxima's ratio),
             within what remains of `chat_time_budget_s` (the short prompts start no batch that would end past (1 -
             `chat_long_budget_share`) of it, judged by the previous batch's time).
+        chat_parts_prompts: prompts per round over LONG documents (as `chat_long_prompts`, other excerpts) that
+            ask for a summary of each part in turn (task "summarize_parts": each file or text of the joined
+            document), answered before the long prompts within the same share of the time budget (0 = none).
         chat_long_budget_share: share (0 to 1) of `chat_time_budget_s` kept for the long prompts when there are
             both kinds (0.5: in session 14's lease 1,536 short prompts took the whole 90 s and no long one ran).
         chat_long_prompt_chars: (min, max) characters of document per long prompt.
@@ -112,6 +115,7 @@ class MixSpec:
     chat_prompt_chars: list = field(default_factory=lambda: [3000, 9000])
     chat_long_prompts: int = 0
     chat_long_prompt_chars: list = field(default_factory=lambda: [24000, 56000])
+    chat_parts_prompts: int = 0
     chat_long_budget_share: float = 0.5
     chat_max_new_tokens: int = 384
     chat_batch_size: int = 64
@@ -140,7 +144,7 @@ class MixSpec:
         bad = sorted(set(self.chat_kinds) - set(DOC_KINDS))
         if bad:
             raise ValueError(f"data.mix.chat_kinds: unknown kinds {bad}; choose from {DOC_KINDS}")
-        counts = ("short_rows", "long_rows", "chat_prompts", "chat_long_prompts", "eval_items")
+        counts = ("short_rows", "long_rows", "chat_prompts", "chat_long_prompts", "chat_parts_prompts", "eval_items")
         if any(getattr(self, n) < 0 for n in counts):
             raise ValueError(f"data.mix: {counts} must be >= 0, got {[getattr(self, n) for n in counts]}")
         if self.short_seq_length < 2 or self.short_rows_per_step < 1:
@@ -340,17 +344,20 @@ def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict
     rounds of each, earlier rounds first), the target's greedy answers (cached in `spec.chat_cache`). Returns a list
     of {"input_ids", "labels"} (lists of int64; labels -100 off the answers)."""
     start, rows, counts = time.perf_counter(), [], stats.documents
-    for count, chars, long in ((spec.chat_prompts, spec.chat_prompt_chars, False),
-                               (spec.chat_long_prompts, spec.chat_long_prompt_chars, True)):
+    long_chars = spec.chat_long_prompt_chars
+    for name, count, chars, tasks, offset in (
+            ("chat", spec.chat_prompts, spec.chat_prompt_chars, DEFAULT_CHAT_TASKS, 0),
+            ("chat_parts", spec.chat_parts_prompts, long_chars, ("summarize_parts",), 2),
+            ("chat_long", spec.chat_long_prompts, long_chars, DEFAULT_CHAT_TASKS, 1)):
         if not count:
             continue
-        name, before, seconds = "chat_long" if long else "chat", len(rows), []
+        long, before, seconds = name != "chat", len(rows), []
         batch = max(1, spec.chat_batch_size * spec.chat_prompt_chars[1] // chars[1])  # tokens per batch kept
         total = spec.chat_time_budget_s
-        if total is not None and not long and spec.chat_long_prompts:  # the long prompts' share is kept for them
-            total *= 1.0 - spec.chat_long_budget_share
+        if total is not None and not long and (spec.chat_long_prompts or spec.chat_parts_prompts):
+            total *= 1.0 - spec.chat_long_budget_share  # the long prompts' share is kept for them
         for round_, documents in enumerate(_chat_documents(spec, count, chars, long, stats)):
-            prompts = chat_prompts(documents, count, tuple(chars), seed=spec.seed + long + 1000 * round_)
+            prompts = chat_prompts(documents, count, tuple(chars), tasks, seed=spec.seed + offset + 1000 * round_)
             prompt_ids = render_prompts(tokenizer, prompts)
             budget = None if total is None else max(total - (time.perf_counter() - start), 0.0)  # what remains
             answers = generate_answers(target, tokenizer, prompt_ids, spec.chat_max_new_tokens, batch, budget,
@@ -443,9 +450,10 @@ def build_mix(spec: MixSpec, tokenizer, target=None) -> tuple[list[dict], list[d
     Raises: ValueError if chat prompts are asked for without a target or nothing was built.
     Reference: LongSpec §4.1.
     """
-    chat = spec.chat_prompts or spec.chat_long_prompts
+    chat = spec.chat_prompts or spec.chat_long_prompts or spec.chat_parts_prompts
     if chat and target is None:
-        raise ValueError("data.mix.chat_prompts / chat_long_prompts > 0 need the target model to generate the answers")
+        raise ValueError("data.mix.chat_prompts / chat_long_prompts / chat_parts_prompts > 0 need the target model to "
+                         "generate the answers")
     stats, pad_id, start = CorpusStats.empty(), _pad_token_id(tokenizer), time.perf_counter()
     budget = spec.short_rows_per_step * spec.short_seq_length
     short, long_rows = short_and_long_rows(spec, tokenizer, stats)

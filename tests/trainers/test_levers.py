@@ -197,6 +197,41 @@ def test_long_chat_prompts_keep_their_share_of_the_time_budget(tmp_path, fake_si
             MixSpec(chat_long_budget_share=bad)
 
 
+def test_parts_prompts_ask_for_each_part_in_turn_and_leave_the_other_prompts_as_they_were(tmp_path, fake_site,
+                                                                                         monkeypatch):
+    """`chat_parts_prompts`: prompts over long documents asking for a summary of each part ("summarize_parts"),
+    answered after the short prompts and before the long ones, within the long prompts' share of the budget; the
+    short and long prompts are the ones a spec without them builds (their cached answers stay valid)."""
+    from transformers_longspec.trainers import mix
+    from transformers_longspec.trainers.chat_distill import CHAT_TASKS
+
+    calls = []
+
+    def fake_answers(target, tokenizer, prompt_ids, max_new_tokens, batch, budget, cache, batch_seconds):
+        calls.append(([tokenizer.decode(ids) for ids in prompt_ids], budget))
+        return [[5, 2]] * len(prompt_ids)
+
+    monkeypatch.setattr(mix, "generate_answers", fake_answers)
+    base = dict(chat_prompts=2, chat_prompt_chars=[60, 120], chat_long_prompts=2, chat_long_prompt_chars=[2000, 2600],
+                chat_time_budget_s=100.0, chat_long_budget_share=0.25, chat_kinds=["python"],
+                roots=[str(fake_site)], min_chars=100, system_docs=False)
+    tok = make_char_tokenizer()
+    mix.chat_rows(MixSpec(**base), tok, None, mix.CorpusStats(Counter(), Counter()))
+    without = [prompts for prompts, _ in calls]
+    calls.clear()
+    stats = mix.CorpusStats(Counter(), Counter())
+    rows = mix.chat_rows(MixSpec(**base, chat_parts_prompts=3), tok, None, stats)
+    (short, short_budget), (parts, parts_budget), (long, _) = calls
+    assert [short, long] == without and len(parts) == 3 and len(rows) == 7
+    assert short_budget <= 75.0 < parts_budget  # the short prompts keep to their share with parts prompts alone too
+    keys = [v.split("{what}")[1][:20] for v in CHAT_TASKS["summarize_parts"]]  # e.g. " one part at a time:"
+    assert all(sum(k in p for k in keys) == 1 for p in parts) and not any(k in p for k in keys for p in short + long)
+    assert all(len(p) > 1600 for p in parts)  # excerpts of the long documents
+    assert stats.documents["chat_parts_rows"] == 3 and stats.documents["chat_long_rows"] == 2
+    with pytest.raises(ValueError, match="chat_parts_prompts"):
+        MixSpec(chat_parts_prompts=-1)
+
+
 def test_a_second_chat_round_reuses_the_cached_first_and_answers_new_prompts(tmp_path, fake_site):
     """`chat_rounds`: a run with one round more rebuilds round 0's prompts exactly (their answers come from the
     cache, none is generated again) and answers new prompts over the next documents."""
