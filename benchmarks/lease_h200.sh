@@ -244,7 +244,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
     [ "$DRY" = 1 ] || [ -z "$init" ] || [ ! -f "$init" ] || drafts="init=$init,$drafts"
     [ -n "${drafts#,}" ] || { echo "accept: no draft to measure"; exit 0; }
     python3 benchmarks/accept_matrix.py --target "$HOME/qwen15" --drafts "${drafts#,}" --dtype "$(dry float32 bfloat16)" \
-      --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 "${TAU_BUCKETS:-8192,16384,30000}")" \
+      --datasets summarization,heldout:4,code_completion --buckets "$(dry 2048 "${TAU_BUCKETS:-8192,16384,30000}")" \
       --per-bucket "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" --max-seconds "$(dry 60 "${ACCEPT_S:-240}")" \
       --out "$OUT/accept_matrix.json" ;;
   bench)  # every greedy method in one process (no other GPU work meanwhile); the held-out prose rows get a file of

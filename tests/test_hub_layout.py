@@ -125,6 +125,35 @@ def test_model_card_quotes_target_training_and_measurements(tmp_path):
     assert 'from_pretrained("copy"' in (tmp_path / "copy" / "README.md").read_text()
 
 
+def test_model_card_names_the_dtype_of_the_saved_weights(tmp_path):
+    """A trainer saves an fp32 draft's weights in bf16 (`save_trained_draft(..., dtype=torch.bfloat16)`): the card
+    names the file's dtype, not the draft's in memory."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, beam_widths=[2, 2])
+    state = {k: v.to(torch.bfloat16) for k, v in draft.state_dict().items()}
+    draft.save_pretrained(tmp_path / "bf16", state_dict=state)
+    draft.save_pretrained(tmp_path / "fp32")
+    assert "stored in bfloat16" in (tmp_path / "bf16" / "README.md").read_text()
+    assert "stored in float32" in (tmp_path / "fp32" / "README.md").read_text()
+
+
+def test_model_card_says_when_the_policy_chose_the_tree(tmp_path):
+    """A record of `eval_lossless.py` without --tree (meta "tree": null) names the policy's choice, not the config's
+    default tree; a record with a tree names that tree."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, beam_widths=[2, 2])
+    rows = [{"dataset": "code", "prompt_tokens": 100, "identical": True, "tau": 2.5}]
+    for name, tree in (("policy", None), ("named", [3, 3])):
+        folder = tmp_path / name
+        folder.mkdir()
+        meta = {"device": "cpu", "dtype": "float32", "tree": tree, "retrieval": 10}
+        (folder / "longspec_eval.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+        draft.save_pretrained(folder)
+    policy, named = ((tmp_path / n / "README.md").read_text() for n in ("policy", "named"))
+    assert "default-tree policy chose" in policy and "tree [2, 2]" not in policy
+    assert "tree [3, 3] + a retrieval branch of 10 tokens" in named and "policy chose" not in named
+
+
 def test_model_card_without_records(tmp_path):
     _, _, folder = _saved(tmp_path)
     card = ModelCard.load(folder / "README.md")

@@ -219,6 +219,49 @@ def test_added_feature_layers_start_silent_then_save_and_load(tmp_path):
         LongSpecDraft.from_target(target).add_target_features([0])
 
 
+def test_a_widened_mlp_starts_silent_then_trains_saves_and_loads(tmp_path):
+    """`widen_mlp` on a narrow draft: zero down-projection columns, so the logits are unchanged; the new gate / up
+    rows are the target's next-strongest neurons; once trained, both save formats bring the width back."""
+    target = make_target("qwen2")
+    draft = LongSpecDraft.from_target(target, intermediate_size=32)
+    ids = _prompt(1, 20)
+    keys, values = target_last_layer_kv(target, ids, torch.arange(20)[None])
+    with torch.no_grad():
+        draft.block.mlp.down_proj.weight.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(4))
+        before = draft(ids, keys, values, return_logits=True).logits
+    draft.widen_mlp(48)
+    mlp = draft.block.mlp
+    assert draft.config.intermediate_size == 48 and mlp.up_proj.weight.shape[0] == 48
+    assert mlp.down_proj.weight.shape[1] == 48 and not mlp.down_proj.weight[:, 32:].any()
+    theirs = target.get_decoder().layers[-1].mlp
+    strength = theirs.up_proj.weight.norm(dim=1) * theirs.down_proj.weight.norm(dim=0)
+    nxt = strength.argsort(descending=True)[32:48]
+    torch.testing.assert_close(mlp.up_proj.weight[32:], theirs.up_proj.weight[nxt])
+    with torch.no_grad():
+        torch.testing.assert_close(draft(ids, keys, values, return_logits=True).logits, before)
+    out = draft(ids, keys, values, return_logits=True).logits
+    out.logsumexp(-1).mean().backward()  # the new neurons reach the loss through their down columns
+    assert mlp.down_proj.weight.grad[:, 32:].abs().max() > 0
+    with torch.no_grad():
+        mlp.down_proj.weight[:, 32:].normal_(0.0, 0.2, generator=torch.Generator().manual_seed(5))
+        after = draft(ids, keys, values, return_logits=True).logits
+    assert (after - before).abs().max() > 1e-2
+    draft.save_pretrained(tmp_path / "folder")
+    compact = draft.save_compact(tmp_path / "draft.int4.safetensors", bits=4)
+    for path in (tmp_path / "folder", compact):
+        loaded = LongSpecDraft.from_pretrained(path, target_model=target, dtype=torch.float32)
+        assert loaded.config.intermediate_size == 48 and loaded.block.mlp.down_proj.weight.shape[1] == 48
+        with torch.no_grad():
+            got = loaded(ids, keys, values, return_logits=True).logits
+        if path == compact:  # int4 rows: close, not equal
+            assert (got - after).norm() < 0.5 * (after - before).norm()
+        else:
+            torch.testing.assert_close(got, after)
+    for bad in (48, 16, 64.0, True):
+        with pytest.raises(ValueError, match="widen_mlp needs an intermediate_size larger"):
+            draft.widen_mlp(bad)
+
+
 @pytest.mark.parametrize("overrides,match", [
     ({"target_feature_layers": [0]}, "needs target_hidden_input=True"),
     ({"target_hidden_input": True, "target_feature_layers": [2]}, r"distinct layers of the target's 2 \(0 \.\. 1"),

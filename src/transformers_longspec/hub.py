@@ -42,7 +42,8 @@ def write_model_card(draft, folder, repo_id: str | None = None) -> Path:
         if source.is_dir() and (source / name).is_file() and not (folder / name).exists():
             shutil.copyfile(source / name, folder / name)
     n_params = sum(p.numel() for p in draft.parameters())
-    dtype = str(next(draft.parameters()).dtype).removeprefix("torch.")
+    # the dtype of the weights in the folder (a trainer saves bf16 weights of an fp32 draft), else the draft's own
+    dtype = _stored_dtype(folder) or str(next(draft.parameters()).dtype).removeprefix("torch.")
     card = draft_model_card(draft.config, n_params, dtype, repo_id or folder.resolve().name,
                             _read_json(folder / TRAINING_FILE), _read_json(folder / EVAL_FILE))
     path = folder / "README.md"
@@ -77,6 +78,20 @@ def draft_model_card(config, n_params: int, dtype: str, repo_or_path: str, train
         training=_training_text(training),
         results=_results_text(evaluation, config),
     )
+
+
+def _stored_dtype(folder: Path) -> str | None:
+    """The floating dtype of the tensors in `folder/model.safetensors` ("bfloat16", ...), or None without that file
+    or with several floating dtypes in it."""
+    from safetensors import safe_open
+
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        return None
+    names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+    with safe_open(path, "pt") as f:
+        dtypes = {names.get(f.get_slice(k).get_dtype()) for k in f.keys()} - {None}
+    return dtypes.pop() if len(dtypes) == 1 else None
 
 
 def _read_json(path: Path) -> dict | None:
@@ -127,10 +142,14 @@ def _results_text(evaluation: dict | None, config) -> str:
         return ("Not measured yet: run `python benchmarks/eval_lossless.py --target TARGET --draft FOLDER --out "
                 "FOLDER/longspec_eval.json`, then save the draft again.")
     meta = evaluation.get("meta", {})
-    tree = meta.get("tree") or list(config.beam_widths)
-    retrieval = f" + a retrieval branch of {meta['retrieval']} tokens" if meta.get("retrieval") else ""
+    if "tree" in meta and meta["tree"] is None:  # eval_lossless.py with no --tree: what a user gets
+        shape = ("no tree named (the default-tree policy chose the tree and the retrieval branch, up to "
+                 f"{meta.get('retrieval') or 0} tokens, from the device's measured costs)")
+    else:
+        retrieval = f" + a retrieval branch of {meta['retrieval']} tokens" if meta.get("retrieval") else ""
+        shape = f"tree {meta.get('tree') or list(config.beam_widths)}{retrieval}"
     lines = [
-        f"{meta.get('device', 'unrecorded device')}, {meta.get('dtype', '?')}, greedy, tree {tree}{retrieval}, "
+        f"{meta.get('device', 'unrecorded device')}, {meta.get('dtype', '?')}, greedy, {shape}, "
         f"{meta.get('max_new_tokens', '?')} new tokens per prompt (torch {meta.get('torch', '?')}). τ = mean tokens "
         "emitted per target forward; identical = the output equals plain greedy decoding token for token.",
         "",

@@ -321,6 +321,52 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         self.__dict__.pop("_static_step", None)  # an engine with buffers for the old feature width
 
     @torch.no_grad()
+    def widen_mlp(self, intermediate_size: int) -> None:
+        """Give a trained draft a wider gated MLP (`config.intermediate_size` grows), e.g. to continue training a
+        compact draft with more capacity. The new neurons' down-projection columns start at zero, so the draft's
+        proposals are unchanged until it is trained. Their gate and up rows are the attached target's last-layer
+        neurons ranked old width .. new width - 1 by strength (`from_target` starts a narrow draft from the strongest
+        ones), or random (the config's `initializer_range`) without an attached target at least that wide.
+
+        Args:
+            intermediate_size: the new width (int, larger than the current one).
+        Raises: ValueError for a width that is not an int larger than the current one, or a LoRA-wrapped draft.
+        Reference: Net2Net (Chen et al., 2016): function-preserving widening.
+        """
+        mlp = self.block.mlp
+        old = mlp.up_proj.weight.shape[0]
+        if isinstance(intermediate_size, bool) or not isinstance(intermediate_size, int) or intermediate_size <= old:
+            raise ValueError(f"widen_mlp needs an intermediate_size larger than the draft's {old}, got "
+                             f"{intermediate_size!r}; a narrower draft is a new draft (LongSpecDraft.from_target)")
+        if any("lora_" in name for name, _ in self.named_parameters()):
+            raise ValueError("widen_mlp on a LoRA-wrapped draft: the adapter would neither train nor save the new "
+                             "neurons; widen first, then wrap it (add_lora_to_draft)")
+        extra, rows, target = intermediate_size - old, {}, self.target_model
+        theirs = None if target is None else target.get_decoder().layers[-1].mlp
+        if theirs is not None and theirs.up_proj.weight.shape[0] >= intermediate_size and (
+                theirs.up_proj.weight.shape[1] == mlp.up_proj.weight.shape[1]):
+            up, down = theirs.up_proj.weight.float(), theirs.down_proj.weight.float()
+            order = (up.norm(dim=1) * down.norm(dim=0)).argsort(descending=True)[old:intermediate_size]
+            rows = {name: getattr(theirs, name).weight[order] for name in ("gate_proj", "up_proj")}
+        std = self.config.initializer_range
+        for name, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
+            linear = getattr(mlp, name)
+            shape = list(linear.weight.shape)
+            shape[dim] = extra
+            if name == "down_proj":
+                new = torch.zeros(shape)
+            else:
+                new = rows[name] if rows else torch.randn(shape) * std
+            grown = torch.cat([linear.weight, new.to(linear.weight)], dim=dim)
+            linear.weight = nn.Parameter(grown, requires_grad=linear.weight.requires_grad)
+            if name != "down_proj" and linear.bias is not None:
+                linear.bias = nn.Parameter(torch.cat([linear.bias, linear.bias.new_zeros(extra)]))
+            linear.in_features, linear.out_features = linear.weight.shape[1], linear.weight.shape[0]
+        mlp.intermediate_size = intermediate_size
+        self.config.intermediate_size = intermediate_size
+        self.__dict__.pop("_static_step", None)  # an engine built for the old width
+
+    @torch.no_grad()
     def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Give the draft its own vocabulary: it proposes only `token_ids` (n,) int64 (e.g.
         `vocabulary.frequent_tokens` of its training rows) plus each call's prompt tokens; `config.draft_vocab_size`

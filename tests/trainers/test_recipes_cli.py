@@ -165,6 +165,29 @@ def test_cli_continues_a_feature_draft_with_the_recipes_feature_layers(tmp_path)
         _run([*common, "--output", str(tmp_path / "d2"), "--draft", str(tmp_path / "d1")])
 
 
+@pytest.mark.filterwarnings("ignore:recipe data. packages")
+def test_cli_widens_a_continued_draft_to_the_recipes_mlp_width(tmp_path):
+    """`--draft` + a recipe whose draft section names a larger `intermediate_size`: the MLP is widened
+    (`widen_mlp`, zero new down columns), trained, saved, and generation stays exact; a narrower width is refused."""
+    target = make_target("llama")
+    target.save_pretrained(tmp_path / "target")
+    make_char_tokenizer().save_pretrained(tmp_path / "target")
+    LongSpecDraft.from_target(target, sliding_window=16, intermediate_size=32).save_pretrained(tmp_path / "d0")
+    recipe = tmp_path / "wide.json"
+    recipe.write_text(json.dumps({**TINY_RECIPE, "draft": {"intermediate_size": 48}}))
+    common = ["--target", str(tmp_path / "target"), "--recipe", str(recipe), "--device", "cpu", "--set-data",
+              "eval_sequences=0", "--set", "learning_rate=0.02"]
+    _run([*common, "--output", str(tmp_path / "d1"), "--draft", str(tmp_path / "d0")])
+    draft = LongSpecDraft.from_pretrained(tmp_path / "d1", target_model=target)
+    assert draft.config.intermediate_size == 48 and draft.block.mlp.down_proj.weight[:, 32:].any()  # trained
+    ids = torch.randint(3, 99, (1, 12), generator=torch.Generator().manual_seed(0))
+    plain = target.generate(ids, do_sample=False, max_new_tokens=8)
+    assert torch.equal(target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=8), plain)
+    recipe.write_text(json.dumps({**TINY_RECIPE, "draft": {"intermediate_size": 40}}))
+    with pytest.raises(ValueError, match="--draft has an MLP 48 wide, the recipe asks for 40"):
+        _run([*common, "--output", str(tmp_path / "d2"), "--draft", str(tmp_path / "d1")])
+
+
 def test_cli_user_errors(tmp_path):
     with pytest.raises(ValueError, match="--lora adapts a trained draft"):
         target = make_target("llama")

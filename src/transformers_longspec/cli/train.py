@@ -221,7 +221,8 @@ def _training_overrides(args, recipe) -> tuple[dict, str, bool]:
 
 def _build_model(args, recipe, target):
     """The model to train: a new draft, a continued draft (given the recipe's `target_feature_layers` when it has
-    none: `LongSpecDraft.add_target_features`), or a LoRA-wrapped draft (fp32 weights)."""
+    none: `LongSpecDraft.add_target_features`; widened to the recipe's larger `intermediate_size`:
+    `LongSpecDraft.widen_mlp`), or a LoRA-wrapped draft (fp32 weights)."""
     from transformers_longspec.modeling import LongSpecDraft
     from transformers_longspec.trainers import add_lora_to_draft
 
@@ -238,6 +239,13 @@ def _build_model(args, recipe, target):
             raise ValueError(f"--draft reads target layers {draft.config.target_feature_layers}, the recipe asks for "
                              f"{layers}; drop target_feature_layers from the recipe's draft section or train a new "
                              "draft (no --draft)")
+        width = recipe.draft.get("intermediate_size")
+        if width is not None and width != draft.config.intermediate_size:  # the recipe widens a trained draft
+            if width < draft.config.intermediate_size or args.lora:
+                raise ValueError(f"--draft has an MLP {draft.config.intermediate_size} wide, the recipe asks for "
+                                 f"{width}: a recipe may widen a continued draft (not with --lora), never narrow it; "
+                                 "drop intermediate_size from the recipe's draft section or train a new draft")
+            draft.widen_mlp(width)
     else:  # a draft vocabulary is set from the data once it is built (`_set_draft_vocabulary`)
         draft = LongSpecDraft.from_target(target, **{k: v for k, v in recipe.draft.items() if k != "draft_vocab_size"})
     draft = draft.to(device=next(target.parameters()).device, dtype=torch.float32)
