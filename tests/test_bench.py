@@ -294,6 +294,20 @@ def test_generate_command_compares_with_plain_greedy(saved_target, capsys):
     assert re.search(r"LongSpec \d+\.\d\dx plain; identical output: True", out), out
 
 
+def test_generate_command_says_when_no_drafting_ran(saved_target, capsys, monkeypatch):
+    """No draft tree and no retrieval branch (what the policy may choose on a busy CPU): both runs do the same work,
+    so the printed ratio is flagged as timing noise."""
+    from transformers_longspec import generation
+
+    monkeypatch.setattr(generation, "DEFAULT_RETRIEVAL_TOKENS", 0)
+    assert main(["generate", "--target", str(saved_target / "target"), "--prompt", "def add(a, b):",
+                 "--max-new-tokens", "6", "--tree", "none", "--device", "cpu"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "tree [] (draft tokens per level), retrieval branch 0 tokens" in out, out
+    assert "no drafting chosen on this device's measured costs: the ratio is timing noise" in out
+    assert "identical output: True" in out
+
+
 def test_a_method_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 

@@ -1,6 +1,7 @@
 """Drafts that read the target's hidden state (`LongSpecConfig.target_hidden_input`): exact decoding, the state fed at
 inference is the one training feeds, and the trainer learns from it."""
 
+import numpy as np
 import pytest
 import torch
 from test_generation_exact import _OracleTree, _prompt
@@ -257,9 +258,14 @@ def test_a_widened_mlp_starts_silent_then_trains_saves_and_loads(tmp_path):
             assert (got - after).norm() < 0.5 * (after - before).norm()
         else:
             torch.testing.assert_close(got, after)
-    for bad in (48, 16, 64.0, True):
-        with pytest.raises(ValueError, match="widen_mlp needs an intermediate_size larger"):
+    for bad in (48, 16):
+        with pytest.raises(ValueError, match="widen_mlp needs an intermediate_size larger than the draft's 48"):
             draft.widen_mlp(bad)
+    for bad in (64.0, True, "64", None):
+        with pytest.raises(ValueError, match="widen_mlp takes the new width as an int"):
+            draft.widen_mlp(bad)
+    draft.widen_mlp(np.int64(56))  # numpy's ints are ints
+    assert draft.config.intermediate_size == 56 and isinstance(draft.config.intermediate_size, int)
 
 
 @pytest.mark.parametrize("overrides,match", [

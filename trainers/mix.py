@@ -145,8 +145,10 @@ class MixSpec:
         if bad:
             raise ValueError(f"data.mix.chat_kinds: unknown kinds {bad}; choose from {DOC_KINDS}")
         counts = ("short_rows", "long_rows", "chat_prompts", "chat_long_prompts", "chat_parts_prompts", "eval_items")
-        if any(getattr(self, n) < 0 for n in counts):
-            raise ValueError(f"data.mix: {counts} must be >= 0, got {[getattr(self, n) for n in counts]}")
+        for name in counts:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"data.mix.{name} is a count (an int >= 0), got {value!r}")
         if self.short_seq_length < 2 or self.short_rows_per_step < 1:
             raise ValueError("data.mix: short_seq_length must be >= 2 and short_rows_per_step >= 1")
         if self.long_rows and not 2 <= self.long_min_length <= self.long_seq_length:

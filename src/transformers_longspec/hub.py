@@ -124,7 +124,8 @@ def _training_text(summary: dict | None) -> str:
     recipe = summary.get("recipe")
     description = summary.get("recipe_description") or _recipe_description(recipe)
     init = summary.get("draft_init")
-    start = "a new draft initialised from the target's last layer" if init == "from_target" else f"`{init}`"
+    start = ("a new draft initialised from the target's last layer" if init == "from_target"
+             else str(init) if " " in str(init) else f"`{init}`")  # a path in code font, a description as text
     facts = [f"{summary.get('steps')} steps from {start}" + (" with LoRA" if summary.get("lora") else "")]
     losses = (("train loss", "train_loss"), ("eval loss", "eval_loss"))
     facts += [f"{label} {summary[key]:.2f}" for label, key in losses if isinstance(summary.get(key), (int, float))]

@@ -329,15 +329,19 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         ones), or random (the config's `initializer_range`) without an attached target at least that wide.
 
         Args:
-            intermediate_size: the new width (int, larger than the current one).
-        Raises: ValueError for a width that is not an int larger than the current one, or a LoRA-wrapped draft.
+            intermediate_size: the new width (an int, numpy's included, larger than the current one).
+        Raises: ValueError for a width that is not an int, not larger than the current one, or a LoRA-wrapped draft.
         Reference: Net2Net (Chen et al., 2016): function-preserving widening.
         """
         mlp = self.block.mlp
         old = mlp.up_proj.weight.shape[0]
-        if isinstance(intermediate_size, bool) or not isinstance(intermediate_size, int) or intermediate_size <= old:
+        if isinstance(intermediate_size, bool) or not hasattr(intermediate_size, "__index__"):  # ints, numpy's too
+            raise ValueError(f"widen_mlp takes the new width as an int, got {intermediate_size!r} "
+                             f"({type(intermediate_size).__name__}); e.g. widen_mlp({2 * old})")
+        intermediate_size = intermediate_size.__index__()
+        if intermediate_size <= old:
             raise ValueError(f"widen_mlp needs an intermediate_size larger than the draft's {old}, got "
-                             f"{intermediate_size!r}; a narrower draft is a new draft (LongSpecDraft.from_target)")
+                             f"{intermediate_size}; a narrower draft is a new draft (LongSpecDraft.from_target)")
         if any("lora_" in name for name, _ in self.named_parameters()):
             raise ValueError("widen_mlp on a LoRA-wrapped draft: the adapter would neither train nor save the new "
                              "neurons; widen first, then wrap it (add_lora_to_draft)")

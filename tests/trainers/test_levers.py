@@ -228,8 +228,9 @@ def test_parts_prompts_ask_for_each_part_in_turn_and_leave_the_other_prompts_as_
     assert all(sum(k in p for k in keys) == 1 for p in parts) and not any(k in p for k in keys for p in short + long)
     assert all(len(p) > 1600 for p in parts)  # excerpts of the long documents
     assert stats.documents["chat_parts_rows"] == 3 and stats.documents["chat_long_rows"] == 2
-    with pytest.raises(ValueError, match="chat_parts_prompts"):
-        MixSpec(chat_parts_prompts=-1)
+    for bad in (-1, 1.5, True, "8", None):
+        with pytest.raises(ValueError, match=r"data.mix.chat_parts_prompts is a count \(an int >= 0\), got"):
+            MixSpec(chat_parts_prompts=bad)
 
 
 def test_a_second_chat_round_reuses_the_cached_first_and_answers_new_prompts(tmp_path, fake_site):

@@ -134,6 +134,8 @@ def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
         plain = target.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens, streamer=clock)
         plain_tok_s, spec_tok_s = clock.tokens_per_s(), stats.decode_tokens_per_s
         ratio = f"LongSpec {spec_tok_s / plain_tok_s:.2f}x plain; " if plain_tok_s > 0 and spec_tok_s > 0 else ""
+        if not stats.beam_widths and not stats.retrieval_tokens:  # the policy kept plain decoding: same work twice
+            ratio += "(no drafting chosen on this device's measured costs: the ratio is timing noise); "
         print(f"plain greedy: {plain.shape[1] - ids.shape[1]} tokens, {plain_tok_s:.1f} tokens/s decode (same clock: "
               f"first to last generated token); {ratio}identical output: {torch.equal(plain, out)}")
 

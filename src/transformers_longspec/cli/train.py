@@ -40,8 +40,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         "train", help="train a LongSpec draft for a target from a recipe",
         description="Train a new LongSpec draft for a target model, continue training a saved one (--draft), or adapt "
         "one to a domain with LoRA (--draft ... --lora). A recipe is a JSON file of data and training settings; "
-        "shipped ones: stage1 (short text), stage2 (long context), stage3 (chat / task), smollm2-gpu, "
-        "qwen2.5-coder-1.5b-gpu, qwen2.5-coder-1.5b-distill (see trainers/recipes/README.md). Progress bars and "
+        "shipped ones: stage1 (short text), stage2 (long context), stage3 (chat / task), smollm2-mix and "
+        "qwen2.5-coder-1.5b-mix (the mixed builder behind the bundled drafts), smollm2-gpu, qwen2.5-coder-1.5b-gpu, "
+        "-distill, -ablation (see trainers/recipes/README.md). Progress bars and "
         "losses come from the transformers Trainer; the final draft and its model card are saved to --output.",
         epilog="example: longspec train --recipe stage1 --target smollm2 --output drafts/smollm2 --max-steps 50\n"
         "a few minutes on a CPU: ... --max-steps 3 --set per_device_train_batch_size=1 --set-data max_sequences=8 "
@@ -51,7 +52,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                    help="the model the draft serves: 'smollm2' (the embedded SmolLM2-135M-Instruct), a Hugging Face "
                    "model folder, or a .gguf file")
     p.add_argument("--recipe", required=True, metavar="NAME_OR_JSON",
-                   help="a shipped recipe name (stage1, stage2, stage3, smollm2-gpu, ...) or a recipe .json file")
+                   help="a shipped recipe name (stage1, stage2, stage3, smollm2-mix, qwen2.5-coder-1.5b-mix, ...) "
+                   "or a recipe .json file")
     p.add_argument("--output", required=True, metavar="FOLDER", help="folder for checkpoints and the final draft")
     p.add_argument("--max-steps", type=int, default=None, metavar="N", help="override the recipe's max_steps")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
@@ -60,7 +62,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                    "if the steps fall behind max_steps)")
     p.add_argument("--draft", default=None, metavar="FOLDER",
                    help="continue from this saved draft (a folder, or a compact file of draft.save_compact) instead "
-                        "of building a new one from the target")
+                        "of building a new one from the target; a recipe's draft section may add "
+                        "target_feature_layers it lacks or widen its MLP (a larger intermediate_size)")
     p.add_argument("--lora", action="store_true", help="LoRA-adapt the --draft (needs peft) instead of full training")
     p.add_argument("--lora-r", type=int, default=16, metavar="R", help="LoRA rank (default 16)")
     p.add_argument("--lora-alpha", type=int, default=32, metavar="ALPHA",
