@@ -144,11 +144,12 @@ class MixSpec:
         bad = sorted(set(self.chat_kinds) - set(DOC_KINDS))
         if bad:
             raise ValueError(f"data.mix.chat_kinds: unknown kinds {bad}; choose from {DOC_KINDS}")
-        counts = ("short_rows", "long_rows", "chat_prompts", "chat_long_prompts", "chat_parts_prompts", "eval_items")
-        for name in counts:
+        counts = {"short_rows": 0, "long_rows": 0, "chat_prompts": 0, "chat_long_prompts": 0, "chat_parts_prompts": 0,
+                  "eval_items": 0, "chat_repeat": 1, "chat_rounds": 1}  # name: least value
+        for name, least in counts.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"data.mix.{name} is a count (an int >= 0), got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"data.mix.{name} must be an int >= {least}, got {value!r}")
         if self.short_seq_length < 2 or self.short_rows_per_step < 1:
             raise ValueError("data.mix: short_seq_length must be >= 2 and short_rows_per_step >= 1")
         if self.long_rows and not 2 <= self.long_min_length <= self.long_seq_length:
@@ -159,10 +160,6 @@ class MixSpec:
             if not 0 < low <= high:
                 raise ValueError(f"data.mix.{name} must be [min, max] characters with 0 < min <= max, got "
                                  f"{getattr(self, name)}")
-        for name in ("chat_repeat", "chat_rounds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"data.mix.{name} must be an int >= 1, got {value!r}")
         share = self.chat_long_budget_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
             raise ValueError(f"data.mix.chat_long_budget_share is a share of chat_time_budget_s in [0, 1], got "

@@ -143,20 +143,31 @@ def _weight_files(folder: Path) -> list[Path]:
     return files
 
 
+def _saved_slices(folder: Path):
+    """(tensor name, safetensors slice) of every tensor in the folder's weight files, from the headers alone."""
+    for path in _weight_files(folder):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    yield key, f.get_slice(key)
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"{path} is truncated or not a safetensors file ({err}); {_FIX}") from None
+
+
 def saved_tensor_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """{tensor name: shape} read from the safetensors headers of the folder (no weights are read).
 
     Raises: ValueError if a weight file is missing, truncated or not a safetensors file.
     """
-    shapes = {}
-    for path in _weight_files(folder):
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    shapes[key] = tuple(f.get_slice(key).get_shape())
-        except (SafetensorError, OSError) as err:
-            raise ValueError(f"{path} is truncated or not a safetensors file ({err}); {_FIX}") from None
-    return shapes
+    return {key: tuple(piece.get_shape()) for key, piece in _saved_slices(folder)}
+
+
+def saved_tensor_dtypes(folder: Path) -> set[str]:
+    """The safetensors dtype names ("BF16", "F32", "I64", ...) of the tensors in the folder (headers only).
+
+    Raises: ValueError as `saved_tensor_shapes`.
+    """
+    return {piece.get_dtype() for _, piece in _saved_slices(folder)}
 
 
 def compare_state_shapes(saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], where,
@@ -386,8 +397,8 @@ def upload_draft_folder(folder, repo_id: str, commit_message: str | None = None,
 
 
 __all__ = [
-    "local_draft_folder", "read_draft_config", "saved_tensor_shapes", "compare_state_shapes", "check_saved_draft",
-    "check_loading_info",
+    "local_draft_folder", "read_draft_config", "saved_tensor_shapes", "saved_tensor_dtypes", "compare_state_shapes",
+    "check_saved_draft", "check_loading_info",
     "non_finite_parameters", "check_finite_weights", "create_hub_repo", "upload_draft_folder", "MODEL_TYPE",
     "WEIGHTS_NAME",
     "COMPACT_FORMAT", "COMPACT_FORMAT_INT4", "write_compact_file", "compact_file_config", "read_compact_state",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from .checkpoint import saved_tensor_dtypes
 from .configuration import hub_repo_id
 from .model_cards import DRAFT_CARD_TEMPLATE
 
@@ -81,16 +82,14 @@ def draft_model_card(config, n_params: int, dtype: str, repo_or_path: str, train
 
 
 def _stored_dtype(folder: Path) -> str | None:
-    """The floating dtype of the tensors in `folder/model.safetensors` ("bfloat16", ...), or None without that file
-    or with several floating dtypes in it."""
-    from safetensors import safe_open
-
-    path = folder / "model.safetensors"
-    if not path.is_file():
+    """The floating dtype of the weights saved in `folder` ("bfloat16", ...), or None without readable weight files
+    or with several floating dtypes in them."""
+    try:
+        stored = saved_tensor_dtypes(folder)
+    except ValueError:
         return None
     names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
-    with safe_open(path, "pt") as f:
-        dtypes = {names.get(f.get_slice(k).get_dtype()) for k in f.keys()} - {None}
+    dtypes = {names[d] for d in stored if d in names}
     return dtypes.pop() if len(dtypes) == 1 else None
 
 

@@ -90,6 +90,12 @@ class LongSpecPreTrainedModel(PreTrainedModel):
             init.zeros_(module.weight)  # the target's hidden states start with no say: a plain LongSpec draft
 
 
+def _neuron_strength(target_mlp) -> torch.Tensor:
+    """(intermediate,) fp32 strength of each neuron of a gated MLP: ||up row|| x ||down column||. A narrow draft
+    starts from the strongest (`from_target`), `widen_mlp` adds the next ones."""
+    return target_mlp.up_proj.weight.float().norm(dim=1) * target_mlp.down_proj.weight.float().norm(dim=0)
+
+
 class LongSpecDraft(LongSpecPreTrainedModel):
     """One-layer LongSpec draft whose memory does not grow with the context.
 
@@ -349,8 +355,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         theirs = None if target is None else target.get_decoder().layers[-1].mlp
         if theirs is not None and theirs.up_proj.weight.shape[0] >= intermediate_size and (
                 theirs.up_proj.weight.shape[1] == mlp.up_proj.weight.shape[1]):
-            up, down = theirs.up_proj.weight.float(), theirs.down_proj.weight.float()
-            order = (up.norm(dim=1) * down.norm(dim=0)).argsort(descending=True)[old:intermediate_size]
+            order = _neuron_strength(theirs).argsort(descending=True)[old:intermediate_size]
             rows = {name: getattr(theirs, name).weight[order] for name in ("gate_proj", "up_proj")}
         std = self.config.initializer_range
         for name, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
@@ -435,8 +440,7 @@ class LongSpecDraft(LongSpecPreTrainedModel):
         up, down = target_mlp.up_proj.weight, target_mlp.down_proj.weight
         if width > up.shape[0] or mlp.up_proj.weight.shape[1] != up.shape[1]:
             return
-        strength = up.float().norm(dim=1) * down.float().norm(dim=0)
-        keep = strength.topk(width).indices.sort().values
+        keep = _neuron_strength(target_mlp).topk(width).indices.sort().values
         for name in ("gate_proj", "up_proj"):
             mine, theirs = getattr(mlp, name), getattr(target_mlp, name)
             mine.weight.copy_(theirs.weight[keep].to(mine.weight.dtype))

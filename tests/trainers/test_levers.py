@@ -229,7 +229,7 @@ def test_parts_prompts_ask_for_each_part_in_turn_and_leave_the_other_prompts_as_
     assert all(len(p) > 1600 for p in parts)  # excerpts of the long documents
     assert stats.documents["chat_parts_rows"] == 3 and stats.documents["chat_long_rows"] == 2
     for bad in (-1, 1.5, True, "8", None):
-        with pytest.raises(ValueError, match=r"data.mix.chat_parts_prompts is a count \(an int >= 0\), got"):
+        with pytest.raises(ValueError, match="data.mix.chat_parts_prompts must be an int >= 0, got"):
             MixSpec(chat_parts_prompts=bad)
 
 
