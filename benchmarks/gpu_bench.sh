@@ -53,7 +53,9 @@ DEEP='longspec_deep_tree=longspec:{"longspec_beam_widths": [4, 8, 8, 8, 8, 8, 8]
 # issue 14 / 13: LongSpec as users get it (default tree chosen by the policy, retrieval branch, the draft's own
 # vocabulary); the fixed tree [4,16,16,16,16] with retrieval; the same tree without retrieval, with the draft's
 # vocabulary and with the whole vocabulary (its τ cost and draft time side by side); the default with the draft's
-# 16,384 most frequent tokens only (and the fixed tree so: issue 13's five-level draft time); the fixed tree with a 24-token retrieval chain; retrieval alone; the engine
+# 16,384 most frequent tokens only (and the fixed tree so: issue 13's five-level draft time); the fixed tree with a
+# first level of 8 (issue 12: the target's token is in the draft's top 4 far more often than its top 1); the fixed tree
+# with a 24-token retrieval chain; retrieval alone; the engine
 # verifying the root alone (plain decoding through LongSpec)
 RETRIEVAL=(--variant 'longspec_tree=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 10}'
   --variant 'longspec_noretr=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 0}'
@@ -62,6 +64,7 @@ RETRIEVAL=(--variant 'longspec_tree=longspec:{"longspec_beam_widths": [4, 16, 16
   --variant 'longspec_v16k=longspec:{"longspec_draft_vocab": 16384}'
   --variant 'longspec_tree_v16k=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 10,
     "longspec_draft_vocab": 16384}'
+  --variant 'longspec_wide=longspec:{"longspec_beam_widths": [8, 16, 16, 16, 16], "longspec_retrieval": 10}'
   --variant 'longspec_tree24=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 24}'
   --variant 'retrieval_only=longspec:{"longspec_beam_widths": [], "longspec_retrieval": 10}'
   --variant 'engine_plain=longspec:{"longspec_beam_widths": [], "longspec_retrieval": 0}')

@@ -19,7 +19,8 @@
 #   convert  GGUFs -> ~/qwen15 (bf16) and ~/smollm2 (fp32)                                             ~2 min
 #   chat     the Qwen target's own chat answers over short and long corpus documents (`longspec data --chat`) ~4 min;
 #            CHAT_ROUNDS rounds of prompts (data.mix.chat_rounds), the answers of earlier leases read from $CHAT_KEPT
-#            (`wait` brings the cache back as chat-answers-qwen15.jsonl.gz: commit it there, then CHAT_ROUNDS + 1)
+#            (`wait` brings the cache back as chat-answers-qwen15.jsonl.gz: commit it there, then CHAT_ROUNDS + 1);
+#            CHAT_S=0: no generation, the kept answers alone
 #   gputests (beside chat, after profile) CUDA graphs, compiled step, feature drafts, retrieval, draft vocabulary,
 #            plain loop, 1,000-call long run
 #   train    the Qwen draft (gpu_train_mix.sh: recipe $RECIPE + DRAFT_SET, TRAIN_MIN minutes of steps), continued
@@ -29,7 +30,8 @@
 #   smol     (SMOL=1 only, from the end of data, beside chat, train and tau) SmolLM2 drafts at equal budget, one lever changed each
 #            (SMOL_VARIANTS, SMOL_STEPS steps or SMOL_MIN minutes), their tau in fp32 (tree / chain) beside the
 #            bundled draft's, and the bundled draft's successor (SMOL_FINAL_MIN minutes; SMOL_FINAL=0: neither;
-#            SMOL_INIT: the draft it continues, else a new one; SMOL_VARIANTS= : no levers); SMOL_MIX: JSON members
+#            SMOL_INIT: the draft it continues, else a new one; SMOL_SET: its extra `longspec train` arguments;
+#            SMOL_VARIANTS= : no levers); SMOL_MIX: JSON members
 #            over the smollm2 recipe's data.mix, in the data phase's rows and in every SmolLM2 run
 #   tau      the Qwen draft: tree + retrieval and chain (TAU_CONFIGS) on held-out + public documents, 2 per bucket
 #            (TAU_BUCKETS, default 8192,16384,30000); beside it (TAU4_S > 0) tau4: its int4 copy, tree + retrieval;
@@ -157,8 +159,9 @@ case "${1:-}" in
     phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$INIT_DRAFT"
     echo "$(date +%T) DONE" >> "$L/status" ;;
   pipeline-smol)  # SmolLM2 alone (a lease too short for staging the Qwen target): GPU tests, drafts, bench
+                  # (TESTS_S: the GPU tests' limit; BENCH_SMOL=0: no bench; SMOL_BUNDLED_TAU=0: no tau of the bundled draft)
     export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown} DRY
-    phase gputests 300 bash benchmarks/lease_h200.sh gputests &
+    phase gputests "${TESTS_S:-300}" bash benchmarks/lease_h200.sh gputests &
     tests_pid=$!
     phase data-smol 300 bash benchmarks/lease_h200.sh data-smol &
     data_pid=$!
@@ -166,7 +169,7 @@ case "${1:-}" in
     wait "$data_pid"
     phase smol "${SMOL_S:-420}" bash benchmarks/lease_h200.sh smol
     wait "$tests_pid"
-    phase bench-smol 240 bash benchmarks/lease_h200.sh bench-smol
+    [ "${BENCH_SMOL:-1}" = 0 ] || phase bench-smol 240 bash benchmarks/lease_h200.sh bench-smol
     echo "$(date +%T) DONE" >> "$L/status" ;;
   data-smol)
     pkg /tmp/pkg-data
@@ -210,6 +213,7 @@ case "${1:-}" in
     pkg /tmp/pkg-chat
     [ -f "$HOME/chat-cache-qwen15.jsonl" ] || [ ! -f "$CHAT_KEPT" ] || \
       gunzip -c "$CHAT_KEPT" > "$HOME/chat-cache-qwen15.jsonl"
+    [ "${CHAT_S:-240}" != 0 ] || exit 0  # CHAT_S=0: the kept answers alone (the GPU goes to training)
     # shellcheck disable=SC2046
     python3 -m transformers_longspec.cli data --chat --recipe "$RECIPE" --target "$HOME/qwen15" \
       $(set_mix "$(qwen_mix ", \"chat_time_budget_s\": $(dry 120 "${CHAT_S:-240}")")") ;;
@@ -258,8 +262,9 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
          # levers at equal budget (SMOL_STEPS steps each, one lever changed), each followed by its tau
     pkg /tmp/pkg-smol
     if [ "${SMOL_FINAL:-1}" = 1 ]; then  # SMOL_FINAL=0: the levers alone
-      bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
-      bash benchmarks/lease_h200.sh smol-train final &
+      bash benchmarks/lease_h200.sh smol-train final &  # the bundled draft's tau beside it (not a timing)
+      [ "${SMOL_BUNDLED_TAU:-1}" = 0 ] || \
+        bash benchmarks/lease_h200.sh smol-tau "$PWD/src/transformers_longspec/drafts/smollm2-135m-instruct" bundled
     fi
     for v in ${SMOL_VARIANTS-full nolayers nofeature nochat nolong nosoft noinit python nearfirst alloffsets prose}; do
       bash benchmarks/lease_h200.sh smol-train "$v"
@@ -278,7 +283,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       alloffsets) extra="--set noise_offsets_per_step=4" ;;  # every tree level every step, one target pass
       prose) mix_set=", \"prose_roots\": [\"$PWD/.prose\"], \"rows_cache\": null, $PROSE_MIX" ;;  # general prose
       python) mix_set=', "kinds": {"python": 1.0}, "rows_cache": null' ;;  # the data mix: Python sources only
-      final) steps=${SMOL_FINAL_STEPS:-2400} minutes=${SMOL_FINAL_MIN:-5} extra="${SMOL_INIT:+--draft $SMOL_INIT}" ;;
+      final) steps=${SMOL_FINAL_STEPS:-2400} minutes=${SMOL_FINAL_MIN:-5} extra="${SMOL_INIT:+--draft $SMOL_INIT} ${SMOL_SET:-}" ;;
     esac
     OUT=$OUT/$2 DRAFT=$HOME/draft-smol-$2 RECIPE=$SMOL_RECIPE TARGET=$HOME/smollm2 PKG=/tmp/pkg-smol-$2 \
       CHAT_CACHE=$HOME/chat-cache-smollm2.jsonl DRAFT_SET="$draft_set" MIX_SET="$(smol_mix "$mix_set")" DRY_RUN=$DRY \
