@@ -153,9 +153,11 @@ case "${1:-}" in
     [ -z "$smol_pid" ] || wait "$smol_pid"
     [ "${BENCH_S:-180}" = 0 ] || phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$draft"
     echo "$(date +%T) DONE" >> "$L/status" ;;
-  pipeline-bench)  # a lease too short to train: the bench of INIT_DRAFT (session 22: 13 device-minutes left)
+  pipeline-bench)  # a lease too short to train: the tau (TAU_S > 0) and the bench of INIT_DRAFT (session 22: 13
+                   # device-minutes left)
     export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown} DRY
     phase convert 300 bash benchmarks/lease_h200.sh convert
+    [ "${TAU_S:-0}" = 0 ] || phase tau "$(( TAU_S + 90 ))" bash benchmarks/lease_h200.sh tau "$INIT_DRAFT"
     phase bench "$(( ${BENCH_S:-180} + 100 ))" bash benchmarks/lease_h200.sh bench "$INIT_DRAFT"
     echo "$(date +%T) DONE" >> "$L/status" ;;
   pipeline-smol)  # SmolLM2 alone (a lease too short for staging the Qwen target): GPU tests, drafts, bench
@@ -237,7 +239,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
     pkg "/tmp/pkg-$(basename "$OUT")"  # tau and tau4 run at once: a folder each
     python3 benchmarks/tau_matrix.py --target "$HOME/qwen15" ${2:+--draft "$2"} --dtype "$(dry float32 bfloat16)" \
       --configs "${TAU_CONFIGS:-tree+retrieval,chain}" \
-      --datasets heldout:4,code_completion,summarization --buckets "$(dry 2048 "${TAU_BUCKETS:-8192,16384,30000}")" --per-bucket \
+      --datasets "${TAU_DATASETS:-heldout:4,code_completion,summarization}" --buckets "$(dry 2048 "${TAU_BUCKETS:-8192,16384,30000}")" --per-bucket \
       "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" --max-seconds "$(dry 60 "${TAU_S:-160}")" --out "$OUT/tau_matrix.json" ;;
   accept)  # teacher-forced acceptance (accept_matrix.py) of the trained draft ($2) and its int4 copy beside the draft
            # training started from (INIT_DRAFT, as the train phase reads it), on the same fixed target texts
