@@ -34,7 +34,8 @@
 #            SMOL_VARIANTS= : no levers); SMOL_MIX: JSON members
 #            over the smollm2 recipe's data.mix, in the data phase's rows and in every SmolLM2 run
 #   tau      the Qwen draft: tree + retrieval and chain (TAU_CONFIGS) on held-out + public documents, 2 per bucket
-#            (TAU_BUCKETS, default 8192,16384,30000; TAU_DATASETS: the sets, in the order they run); beside it (TAU4_S > 0) tau4: its int4 copy, tree + retrieval;
+#            (TAU_BUCKETS, default 8192,16384,30000; TAU_DATASETS: the sets, in the order they run); beside it
+#            (TAU4_S > 0) tau4: its int4 copy, tree + retrieval;
 #            and (ACCEPT_S, default 240; 0: none) accept: the new draft, its int4 copy and INIT_DRAFT teacher-forced on
 #            the same fixed target texts (accept_matrix.py: per-level acceptance, replayed chain τ, no near-tie noise)
 #   bench    every greedy method end to end in one process, alone on the GPU (BENCH_S=0: none; BENCH_METHODS,
