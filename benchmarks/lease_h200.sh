@@ -15,7 +15,8 @@
 #            weights of the Qwen shape (kernel_profile.py unless PROFILE_CONTEXTS=none; train_profile.py unless
 #            PROFILE_TRAIN=0)                                                                          ~2.5 min
 #   data     (CPU, beside convert) the corpus scans of both mixed recipes, once per tokenizer (`longspec data`,
-#            rows_cache): code of several languages + prose of the machine's packages and docs, long rows
+#            rows_cache): code of several languages + prose of the machine's packages and docs, long rows; and the
+#            Qwen chat prompts (`longspec data --prompts`, chat_prompts_cache), which chat and train then read
 #   convert  GGUFs -> ~/qwen15 (bf16) and ~/smollm2 (fp32)                                             ~2 min
 #   chat     the Qwen target's own chat answers over short and long corpus documents (`longspec data --chat`) ~4 min;
 #            CHAT_ROUNDS rounds of prompts (data.mix.chat_rounds), the answers of earlier leases read from $CHAT_KEPT
@@ -80,9 +81,10 @@ dry() {  # dry SMALL LARGE: SMALL in a dry run, else LARGE
   if [ "$DRY" = 1 ]; then echo "$1"; else echo "$2"; fi
 }
 
-# data.mix settings of every Qwen run: the corpus rows and chat answers the data and chat phases made
+# data.mix settings of every Qwen run: the corpus rows, chat prompts and chat answers the data and chat phases made
 qwen_mix() {
-  echo "{\"rows_cache\": \"$HOME/rows-qwen15.pt\", \"chat_cache\": \"$HOME/chat-cache-qwen15.jsonl\", \"chat_rounds\": ${CHAT_ROUNDS:-1}, $QWEN_MIX$(dry \
+  echo "{\"rows_cache\": \"$HOME/rows-qwen15.pt\", \"chat_prompts_cache\": \"$HOME/prompts-qwen15.pt\", \
+\"chat_cache\": \"$HOME/chat-cache-qwen15.jsonl\", \"chat_rounds\": ${CHAT_ROUNDS:-1}, $QWEN_MIX$(dry \
     ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_long_prompts": 2, "chat_long_prompt_chars": [1600, 3200], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
 }
 smol_mix() {
@@ -110,11 +112,11 @@ case "${1:-}" in
      phase gputests "${TESTS_S:-420}" bash benchmarks/lease_h200.sh gputests) &
     tests_pid=$!
     phase convert 300 bash -c 'bash benchmarks/lease_h200.sh convert'
+    wait "$data_pid"  # the chat prompts the chat phase answers
     # the limit leaves the model load and one long-document batch past the generation budget (at + 90 s the long
     # answers of session 13 were lost)
     phase chat "$(dry 240 $(( ${CHAT_S:-240} + 150 )))" bash benchmarks/lease_h200.sh chat &
     chat_pid=$!
-    wait "$data_pid"
     # SmolLM2 from the end of the data phase (beside chat, train and tau) for at most SMOL_S seconds (a variant not
     # done by then is left out): the bench runs alone
     smol_pid=
@@ -194,6 +196,9 @@ case "${1:-}" in
     pkg /tmp/pkg-data
     # shellcheck disable=SC2046  # set_mix prints one argument per line
     python3 -m transformers_longspec.cli data --recipe "$RECIPE" --target "$QWEN_GGUF" $(set_mix "$(qwen_mix)") &
+    # shellcheck disable=SC2046  # the Qwen chat prompts beside it, for chat and train (~200 s each in session 29)
+    python3 -m transformers_longspec.cli data --prompts --recipe "$RECIPE" --target "$QWEN_GGUF" \
+      $(set_mix "$(qwen_mix)") &
     [ ! -f "$SMOL_GGUF" ] || python3 -m transformers_longspec.cli data --recipe "$SMOL_RECIPE" --target "$SMOL_GGUF" \
       $(set_mix "$(smol_mix)")
     wait ;;

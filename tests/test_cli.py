@@ -48,6 +48,7 @@ MISTAKES = {
     "bad dtype": (["generate", "--prompt", "hi", "--dtype", "float64"], "invalid choice: 'float64'"),
     "no prompt": (["generate", "--target", "{tmp}"], "give --prompt TEXT or --prompt-file PATH"),
     "missing prompt file": (["generate", "--prompt-file", "{tmp}/prompt.txt"], "prompt.txt': no such file"),
+    "empty prompt file": (["generate", "--prompt-file", "{tmp}/empty.txt"], "empty.txt' is empty; put the prompt"),
     "missing draft folder": (["generate", "--prompt", "hi", "--draft", "{tmp}/draft"], "--draft .*no folder"),
     "draft folder without config": (["generate", "--prompt", "hi", "--draft", "{tmp}"], "has no config.json"),
     "zero new tokens": (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
@@ -70,6 +71,7 @@ if not torch.cuda.is_available():
 def test_user_mistake_is_one_line_and_status_2(case, tmp_path, capsys):
     argv, message = MISTAKES[case]
     status = None
+    (tmp_path / "empty.txt").write_text("\n")
     try:
         status = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
     except SystemExit as exit_info:  # argparse's own usage errors
@@ -96,3 +98,14 @@ def test_tree_option_reads_widths_or_none(text, widths):
     from transformers_longspec.cli.generate import _parse_tree
 
     assert _parse_tree(text) == widths
+
+
+def test_the_default_target_name_loads_its_tokenizer(smollm2):
+    """`--target smollm2` for the tokenizer alone (`longspec data`): the bundled GGUF's, the model's own."""
+    from transformers_longspec.cli.models import load_tokenizer
+
+    _, tokenizer = smollm2
+    loaded = load_tokenizer("smollm2")
+    assert len(loaded) == len(tokenizer) == 49152
+    text = "def add(a, b):\n    return a + b  # ünïcode"
+    assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"]

@@ -59,6 +59,9 @@ def test_pipeline_and_streamer(target_and_draft, eval_rows, capsys):
     assert isinstance(by_path.assistant_model, LongSpecDraft) and by_path.assistant_model.target_model is target
     assert by_path(text, do_sample=False, max_new_tokens=20)[0]["generated_text"] == plain
     assert by_path.assistant_model.last_generation_stats.target_forwards > 0
+    for missing in (DEFAULT_DRAFT_DIR.parent / "no-such-draft", "./no-such-draft"):  # not a Hub id: said plainly
+        with pytest.raises(FileNotFoundError, match="no-such-draft'\\): no such folder or file; pass the folder"):
+            pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=str(missing))
 
     ids = eval_prompt(eval_rows("code_completion", 1)[0], tokenizer, 200)
     capsys.readouterr()

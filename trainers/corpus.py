@@ -28,6 +28,7 @@ import re
 import site
 import sys
 import sysconfig
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,15 +176,25 @@ def _looks_like_prose(text: str, sample: int = 4000) -> bool:
     return wordy >= 0.75 * len(head)
 
 
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+_STATEMENT_NODES = (ast.stmt, ast.excepthandler, ast.match_case)  # every node a definition can sit under
+
+
 def _docstrings(source: str) -> str:
-    """The module, class and function docstrings of a Python file, joined with their qualified names."""
+    """The module, class and function docstrings of a Python file, joined with their qualified names.
+
+    Breadth first as `ast.walk`, in its order, but through statements only: a definition is never inside an
+    expression, and the expressions are most of a file's nodes (a third of a corpus scan's time went on them).
+    """
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return ""
-    parts = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+    parts, queue = [], deque([tree])
+    while queue:
+        node = queue.popleft()
+        queue.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, _STATEMENT_NODES))
+        if isinstance(node, _DOCUMENTED):
             doc = ast.get_docstring(node)
             if doc and len(doc) > 80:
                 title = getattr(node, "name", "module")

@@ -39,7 +39,8 @@ from .corpus import DOC_KINDS, CorpusStats, corpus_documents, repository_documen
 from .data import ChatCollator, _pad_token_id, pack_texts
 from .exclusions import refuse_evaluation, text_evaluation_reason
 
-__all__ = ["MixSpec", "StepCollator", "build_mix", "chat_rows", "read_user_jsonl", "short_and_long_rows"]
+__all__ = ["MixSpec", "StepCollator", "build_mix", "chat_prompt_ids", "chat_rows", "read_user_jsonl",
+           "short_and_long_rows"]
 
 
 @dataclass
@@ -91,6 +92,11 @@ class MixSpec:
             it exists and was built with the same settings and tokenizer, written after building otherwise. Lets
             `longspec data` scan the corpus before (or beside) the run that trains, and several runs
             share one scan. Chat rows are not in it (their answers have `chat_cache`).
+        chat_prompts_cache: a file keeping the chat prompts rendered by the chat template (token ids per round,
+            with their scan's statistics), read and written as `rows_cache` is, keyed by the settings the prompts
+            depend on and the tokenizer. `longspec data --prompts` fills it with the tokenizer alone, on the CPU,
+            so the run that answers or trains on them does not spend GPU time on the scan and the chat template
+            (204 s of session 29's train phase on an H100, before its first step).
         roots: folders to scan (None = the installed packages); evaluation material is refused.
         prose_roots: folders of general text (.txt / .md: books, articles, essays) for the kind "prose", which
             `kinds`, `long_kinds` and `chat_kinds` may name only when this is set (`benchmarks/build_prose.py`
@@ -128,6 +134,7 @@ class MixSpec:
     jsonl: list = field(default_factory=list)
     jsonl_short_rows: int | None = None
     rows_cache: str | None = None
+    chat_prompts_cache: str | None = None
     roots: list | None = None
     prose_roots: list = field(default_factory=list)
     system_docs: bool = True
@@ -296,13 +303,37 @@ def _roots(spec: MixSpec, kind: str) -> list | None:
     return spec.prose_roots if kind == "prose" else spec.roots
 
 
-def _rows_key(spec: MixSpec, tokenizer) -> dict:
-    """What the short and long rows depend on: their settings and the tokenizer (a digest of its vocabulary, equal for
-    a tokenizer read from a GGUF file and its `save_pretrained` copy). An empty `prose_roots` is left out, so caches
+def _cache_key(spec: MixSpec, tokenizer, settings: Sequence[str]) -> dict:
+    """What a cache of `spec` depends on: its `settings` and the tokenizer (a digest of its vocabulary, equal for a
+    tokenizer read from a GGUF file and its `save_pretrained` copy). An empty `prose_roots` is left out, so caches
     written before it existed stay valid."""
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode()
-    key = {k: getattr(spec, k) for k in _ROW_SETTINGS if k != "prose_roots" or spec.prose_roots}
+    key = {k: getattr(spec, k) for k in settings if k != "prose_roots" or spec.prose_roots}
     return {**key, "tokenizer": hashlib.sha256(vocab).hexdigest()}
+
+
+def _read_cache(path: str | None, key: dict, stats: CorpusStats, option: str) -> dict | None:
+    """The saved payload of a cache file built with `key`, its scan's statistics added to `stats`; None when there is
+    no such file. Raises ValueError (naming `option`) for a file built with other settings or another tokenizer."""
+    if path is None or not Path(path).is_file():
+        return None
+    saved = torch.load(path, weights_only=True)
+    if saved["key"] != json.loads(json.dumps(key)):
+        changed = sorted(k for k in key if saved["key"].get(k) != json.loads(json.dumps(key[k])))
+        raise ValueError(f"data.mix.{option} {path} was built with other {changed}; delete it or point {option} at "
+                         "a new file")
+    for name in ("documents", "skipped_evaluation"):
+        getattr(stats, name).update(saved["stats"][name])
+    stats.duplicates += saved["stats"]["duplicates"]
+    stats.files_seen += saved["stats"]["files_seen"]
+    return saved
+
+
+def _write_cache(path: str | None, key: dict, stats: CorpusStats, **payload) -> None:
+    """Save `payload` with `key` and the scan's statistics to `path` (None: nothing), for `_read_cache`."""
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": key, "stats": asdict(stats), **payload}, path)
 
 
 def short_and_long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> tuple[list[dict], list[dict]]:
@@ -314,50 +345,76 @@ def short_and_long_rows(spec: MixSpec, tokenizer, stats: CorpusStats) -> tuple[l
     Returns: (short rows, long rows), each a list of {"input_ids": (tokens,) int64 tensor}.
     Raises: ValueError if the cache file was built with other settings or another tokenizer (it names them).
     """
-    key = _rows_key(spec, tokenizer)
-    cache = Path(spec.rows_cache) if spec.rows_cache else None
-    if cache is not None and cache.is_file():
-        saved = torch.load(cache, weights_only=True)
-        if saved["key"] != json.loads(json.dumps(key)):
-            changed = sorted(k for k in key if saved["key"].get(k) != json.loads(json.dumps(key[k])))
-            raise ValueError(f"data.mix.rows_cache {cache} was built with other {changed}; delete it or point "
-                             "rows_cache at a new file")
-        for name in ("documents", "skipped_evaluation"):
-            getattr(stats, name).update(saved["stats"][name])
-        stats.duplicates += saved["stats"]["duplicates"]
-        stats.files_seen += saved["stats"]["files_seen"]
+    key = _cache_key(spec, tokenizer, _ROW_SETTINGS)
+    saved = _read_cache(spec.rows_cache, key, stats, "rows_cache")
+    if saved is not None:
         return ([{"input_ids": ids.long()} for ids in saved["short"]],
                 [{"input_ids": ids.long()} for ids in saved["long"]])
     short = _short_rows(spec, tokenizer, stats)
     long_rows = _long_rows(spec, tokenizer, stats) if spec.long_rows else []
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"key": key, "stats": asdict(stats),
-                    "short": [torch.as_tensor(r["input_ids"], dtype=torch.int32) for r in short],
-                    "long": [torch.as_tensor(r["input_ids"], dtype=torch.int32) for r in long_rows]}, cache)
+    _write_cache(spec.rows_cache, key, stats,
+                 short=[torch.as_tensor(r["input_ids"], dtype=torch.int32) for r in short],
+                 long=[torch.as_tensor(r["input_ids"], dtype=torch.int32) for r in long_rows])
     return short, long_rows
 
 
+_CHAT_GROUPS = (  # (name, count setting, characters setting, tasks, seed offset), in the order they are answered
+    ("chat", "chat_prompts", "chat_prompt_chars", DEFAULT_CHAT_TASKS, 0),
+    ("chat_parts", "chat_parts_prompts", "chat_long_prompt_chars", ("summarize_parts",), 2),
+    ("chat_long", "chat_long_prompts", "chat_long_prompt_chars", DEFAULT_CHAT_TASKS, 1))
+_CHAT_PROMPT_SETTINGS = ("chat_prompts", "chat_prompt_chars", "chat_parts_prompts", "chat_long_prompts",
+                         "chat_long_prompt_chars", "chat_rounds", "chat_kinds", "roots", "prose_roots", "system_docs",
+                         "seed")
+
+
+def chat_prompt_ids(spec: MixSpec, tokenizer, stats: CorpusStats) -> dict[str, list[list[list[int]]]]:
+    """The chat self-distillation prompts of `spec`, rendered by the tokenizer's chat template: from
+    `spec.chat_prompts_cache` when it holds them, else built from corpus documents (and cached there).
+
+    Args:
+        spec: the `MixSpec`. tokenizer: the target's tokenizer (with a chat template). stats: filled with the scan's
+            counts (also from the cache).
+    Returns: {group: one list of prompts (token ids) per round}, groups "chat" (short documents), "chat_parts"
+        (long documents, a summary per part) and "chat_long" (long documents) as `spec` asks for them, in that order.
+    Raises: ValueError if the cache was built with other settings or another tokenizer, no documents were found,
+        or the tokenizer has no chat template.
+    """
+    key = _cache_key(spec, tokenizer, _CHAT_PROMPT_SETTINGS)
+    saved = _read_cache(spec.chat_prompts_cache, key, stats, "chat_prompts_cache")
+    if saved is not None:
+        return {name: [[ids.tolist() for ids in round_] for round_ in rounds]
+                for name, rounds in saved["prompts"].items()}
+    groups = {}
+    for name, count_setting, chars_setting, tasks, offset in _CHAT_GROUPS:
+        count, chars = getattr(spec, count_setting), getattr(spec, chars_setting)
+        if count:
+            groups[name] = [render_prompts(tokenizer, chat_prompts(documents, count, tuple(chars), tasks,
+                                                                   seed=spec.seed + offset + 1000 * round_))
+                            for round_, documents in enumerate(_chat_documents(spec, count, chars, name != "chat",
+                                                                               stats))]
+    _write_cache(spec.chat_prompts_cache, key, stats,
+                 prompts={name: [[torch.tensor(ids, dtype=torch.int32) for ids in round_] for round_ in rounds]
+                          for name, rounds in groups.items()})
+    return groups
+
+
 def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict]:
-    """Chat self-distillation rows: prompts over corpus documents (short ones, then long ones; `spec.chat_rounds`
-    rounds of each, earlier rounds first), the target's greedy answers (cached in `spec.chat_cache`). Returns a list
-    of {"input_ids", "labels"} (lists of int64; labels -100 off the answers)."""
-    start, rows, counts = time.perf_counter(), [], stats.documents
-    long_chars = spec.chat_long_prompt_chars
-    for name, count, chars, tasks, offset in (
-            ("chat", spec.chat_prompts, spec.chat_prompt_chars, DEFAULT_CHAT_TASKS, 0),
-            ("chat_parts", spec.chat_parts_prompts, long_chars, ("summarize_parts",), 2),
-            ("chat_long", spec.chat_long_prompts, long_chars, DEFAULT_CHAT_TASKS, 1)):
-        if not count:
-            continue
-        long, before, seconds = name != "chat", len(rows), []
+    """Chat self-distillation rows: prompts over corpus documents (`chat_prompt_ids`: short ones, then long ones;
+    `spec.chat_rounds` rounds of each, earlier rounds first), the target's greedy answers (cached in
+    `spec.chat_cache`; `spec.chat_time_budget_s` counts from the first answer). Returns a list of {"input_ids",
+    "labels"} (lists of int64; labels -100 off the answers)."""
+    start, counts = time.perf_counter(), stats.documents
+    groups = chat_prompt_ids(spec, tokenizer, stats)
+    counts["chat_prompts_s"] = round(time.perf_counter() - start, 1)
+    start, rows = time.perf_counter(), []
+    for name, rounds in groups.items():
+        before, seconds = len(rows), []
+        chars = spec.chat_prompt_chars if name == "chat" else spec.chat_long_prompt_chars
         batch = max(1, spec.chat_batch_size * spec.chat_prompt_chars[1] // chars[1])  # tokens per batch kept
         total = spec.chat_time_budget_s
-        if total is not None and not long and (spec.chat_long_prompts or spec.chat_parts_prompts):
+        if total is not None and name == "chat" and (spec.chat_long_prompts or spec.chat_parts_prompts):
             total *= 1.0 - spec.chat_long_budget_share  # the long prompts' share is kept for them
-        for round_, documents in enumerate(_chat_documents(spec, count, chars, long, stats)):
-            prompts = chat_prompts(documents, count, tuple(chars), tasks, seed=spec.seed + offset + 1000 * round_)
-            prompt_ids = render_prompts(tokenizer, prompts)
+        for prompt_ids in rounds:
             budget = None if total is None else max(total - (time.perf_counter() - start), 0.0)  # what remains
             answers = generate_answers(target, tokenizer, prompt_ids, spec.chat_max_new_tokens, batch, budget,
                                        spec.chat_cache, batch_seconds=seconds)

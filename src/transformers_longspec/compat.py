@@ -13,7 +13,8 @@ What we patch or register (idempotently, by `install()`, which `import transform
 * `transformers.pipelines.base.load_assistant_model` (module function, wrapped): `pipeline(...,
   assistant_model=PATH)` with PATH a LongSpec draft (a folder saved with `save_pretrained`, or a compact file) loads
   it with `LongSpecDraft.from_pretrained(PATH, target_model=model)`, as the pipeline loads any other assistant by
-  name (stock: "cannot infer suitable model classes"); every other assistant goes to the original.
+  name (stock: "cannot infer suitable model classes"); a local path that does not exist raises FileNotFoundError
+  naming it (stock: "Repo id must be in the form ..."); every other assistant goes to the original.
 * `GenerationConfig.get_generation_mode` (public method, wrapped): beam search, contrastive search or constraints with
   a LongSpec assistant raise instead of silently ignoring the assistant (stock behaviour is a warning).
 * `GenerationMixin._prepare_model_inputs` (private, wrapped): a prompt that is a list or a 1-D tensor raises a
@@ -330,6 +331,11 @@ def _is_draft_path(path) -> bool:
 
 
 def _load_assistant_model(model, assistant_model, assistant_tokenizer):
+    if isinstance(assistant_model, (str, os.PathLike)) and not Path(os.fspath(assistant_model)).exists():
+        path = os.fspath(assistant_model)
+        if os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1:  # a local path, not a Hub id
+            raise FileNotFoundError(f"pipeline(assistant_model={path!r}): no such folder or file; pass the folder a "
+                                    "LongSpec draft was saved to (save_pretrained) or a compact draft file")
     if isinstance(assistant_model, (str, os.PathLike)) and model.can_generate() and _is_draft_path(assistant_model):
         from .modeling import LongSpecDraft
 

@@ -1,5 +1,6 @@
 """The corpus builder: refuses and skips evaluation material, reads code of several languages and prose."""
 
+import ast
 import gzip
 import itertools
 import json
@@ -10,6 +11,7 @@ import pytest
 
 from transformers_longspec.trainers.corpus import (
     CorpusStats,
+    _docstrings,
     corpus_documents,
     repository_documents,
     roff_to_text,
@@ -133,3 +135,64 @@ def test_build_prose_detags_the_brown_corpus_into_genre_folders(tmp_path):
         pass
     with pytest.raises(ValueError, match="holds no Brown corpus samples"):
         build_prose.build(empty, tmp_path / "none")
+
+
+def _docstrings_by_walk(source: str) -> str:
+    """The reference: every node of `ast.walk` (the extractor before it skipped expressions)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ""
+    parts = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc and len(doc) > 80:
+                title = getattr(node, "name", "module")
+                parts.append(f"{title}\n{'=' * len(title)}\n{doc}")
+    return "\n\n".join(parts)
+
+
+def test_docstrings_equal_a_full_ast_walk_in_order():
+    long = "d" * 81
+    nested = f'''"""{long} module"""
+if True:
+    def under_if():
+        """{long} if"""
+try:
+    class InTry:
+        """{long} try"""
+        async def method(self):
+            """{long} method"""
+            def inner():
+                """{long} inner"""
+except ValueError:
+    def in_handler():
+        """{long} handler"""
+else:
+    def in_else():
+        """{long} else"""
+finally:
+    with open("x") as f:
+        def in_with():
+            """{long} with"""
+match 1:
+    case 1:
+        def in_case():
+            """{long} case"""
+def top():
+    """{long} top"""
+'''
+    titles = [part.split("\n")[0] for part in _docstrings(nested).split("\n\n")]
+    # breadth first: the module's statements, then their bodies (a handler, a `with` and a case one level deeper)
+    assert titles == ["module", "top", "under_if", "InTry", "in_else", "method", "in_handler", "in_with", "in_case",
+                      "inner"]
+    assert _docstrings(nested) == _docstrings_by_walk(nested)
+    assert _docstrings("def broken(:\n") == ""
+    import transformers  # real sources: a package's modules, in a fixed order
+
+    files = sorted(Path(transformers.__file__).parent.rglob("*.py"))[::25]
+    assert len(files) > 40
+    texts = [f.read_text(encoding="utf-8") for f in files]
+    assert sum(bool(_docstrings_by_walk(t)) for t in texts) > 20
+    assert [_docstrings(t) for t in texts] == [_docstrings_by_walk(t) for t in texts]

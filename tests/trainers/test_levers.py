@@ -343,6 +343,47 @@ def test_rows_cache_is_built_once_and_refused_when_stale(tmp_path, fake_site, mo
     assert dtypes == [torch.float32, torch.bfloat16]  # auto on a CPU is fp32; --dtype bf16 asks for bf16
 
 
+def test_chat_prompts_cache_serves_the_same_prompts_and_rows(tmp_path, fake_site, monkeypatch, capsys):
+    """`longspec data --prompts` renders the chat prompts with the tokenizer alone; the answers and the training rows
+    built from the cache equal those built by scanning, and a cache of other settings is refused naming them."""
+    from transformers_longspec.cli import main
+    from transformers_longspec.trainers import mix as mix_module
+    from transformers_longspec.trainers.corpus import CorpusStats
+    from transformers_longspec.trainers.mix import chat_prompt_ids, chat_rows
+
+    recipe, prompts = tmp_path / "mix.json", tmp_path / "prompts.pt"
+    mix = {"short_rows": 8, "short_seq_length": 32, "short_rows_per_step": 4, "roots": [str(fake_site)],
+           "min_chars": 100, "system_docs": False, "eval_items": 0, "chat_prompts": 3, "chat_prompt_chars": [60, 120],
+           "chat_long_prompts": 1, "chat_long_prompt_chars": [150, 400], "chat_rounds": 2, "chat_max_new_tokens": 4,
+           "chat_batch_size": 2, "chat_kinds": ["python"], "chat_prompts_cache": str(prompts)}
+    recipe.write_text(json.dumps({"data": {"source": "mix", "format": "mix", "mix": mix}}))
+    tok, target = make_char_tokenizer(), make_target("qwen2")
+    monkeypatch.setattr("transformers_longspec.cli.train.load_tokenizer", lambda spec: tok)
+    assert main(["data", "--prompts", "--recipe", str(recipe), "--target", "unused"]) == 0 and prompts.is_file()
+    assert "8 chat prompts" in capsys.readouterr().out  # 3 short + 1 long, two rounds
+    scanned_stats, cached_stats = CorpusStats.empty(), CorpusStats.empty()
+    scanned = chat_prompt_ids(MixSpec(**{**mix, "chat_prompts_cache": None}), tok, scanned_stats)
+    monkeypatch.setattr(mix_module, "corpus_documents", None)  # a scan would fail now: the cache must serve
+    monkeypatch.setattr(mix_module, "repository_documents", None)
+    cached = chat_prompt_ids(MixSpec(**mix), tok, cached_stats)
+    assert cached == scanned and [len(r) for r in scanned["chat"]] == [3, 3] and len(scanned["chat_long"]) == 2
+    assert scanned["chat"][0] != scanned["chat"][1]  # the second round quotes other documents
+    assert cached_stats.documents == scanned_stats.documents and cached_stats.files_seen == scanned_stats.files_seen
+    with_cache = chat_rows(MixSpec(**mix), tok, target, CorpusStats.empty())
+    monkeypatch.undo()
+    without = chat_rows(MixSpec(**{**mix, "chat_prompts_cache": None}), tok, target, CorpusStats.empty())
+    assert with_cache == without and len(without) == 8
+    with pytest.raises(ValueError, match=r"chat_prompts_cache .* other \['chat_rounds'\]"):
+        chat_prompt_ids(MixSpec(**{**mix, "chat_rounds": 1}), tok, CorpusStats.empty())
+    recipe.write_text(json.dumps({"data": {"source": "mix", "format": "mix",
+                                           "mix": {**mix, "chat_prompts": 0, "chat_long_prompts": 0}}}))
+    monkeypatch.setattr("transformers_longspec.cli.train.load_tokenizer", lambda spec: tok)
+    assert main(["data", "--prompts", "--recipe", str(recipe), "--target", "unused"]) == 2
+    assert "asks for none: set --set-mix chat_prompts=N" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one of --chat / --prompts
+        main(["data", "--prompts", "--chat", "--recipe", str(recipe), "--target", "unused"])
+
+
 def test_draft_vocab_loss_is_the_soft_loss_with_other_columns_masked():
     """The restricted LM head equals the full one with every column outside the kept ids at -inf; top ids outside
     leave the soft target, and a hard label outside (or a position whose top-k holds no kept id) is unsupervised."""

@@ -90,6 +90,9 @@ def _check_before_loading(args: GenerateArgs, default_text: str | None) -> list[
         raise ValueError("--device cuda, but this torch sees no CUDA device; use --device cpu")
     if args.prompt_file and not Path(args.prompt_file).is_file():
         raise FileNotFoundError(f"--prompt-file {args.prompt_file!r}: no such file")
+    if args.prompt_file and not Path(args.prompt_file).read_text().strip():
+        raise ValueError(f"--prompt-file {args.prompt_file!r} is empty; put the prompt's text in it, or give --prompt "
+                         "TEXT")
     if not (args.prompt or args.prompt_file or default_text):
         raise ValueError("give --prompt TEXT or --prompt-file PATH")
     if args.draft:
@@ -136,6 +139,9 @@ def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
         ratio = f"LongSpec {spec_tok_s / plain_tok_s:.2f}x plain; " if plain_tok_s > 0 and spec_tok_s > 0 else ""
         if not stats.beam_widths and not stats.retrieval_tokens:  # the policy kept plain decoding: same work twice
             ratio += "(no drafting chosen on this device's measured costs: the ratio is timing noise); "
+        elif ratio and spec_tok_s < plain_tok_s:
+            ratio += (f"(below 1: either few draft tokens were accepted, tau {stats.tau:.2f}, or other work on this "
+                      "machine slowed one of the two runs, which are timed one after the other); ")
         print(f"plain greedy: {plain.shape[1] - ids.shape[1]} tokens, {plain_tok_s:.1f} tokens/s decode (same clock: "
               f"first to last generated token); {ratio}identical output: {torch.equal(plain, out)}")
 

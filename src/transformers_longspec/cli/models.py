@@ -57,7 +57,7 @@ def load_tokenizer(spec: str):
     if spec == "smollm2":
         from ..demo import SMOLLM2_GGUF, smollm2_dir
 
-        path = smollm2_dir() / SMOLLM2_GGUF
+        path = Path(smollm2_dir()) / SMOLLM2_GGUF
     else:
         path = Path(spec)
     if path.suffix == ".gguf" and path.is_file():

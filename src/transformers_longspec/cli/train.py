@@ -105,16 +105,22 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
         "prose from the installed packages, long rows) with only the target's tokenizer, into the file "
         "data.mix.rows_cache; `longspec train` with the same recipe and rows_cache then skips the scan. With --chat, "
         "load the target instead and generate its chat self-distillation answers into data.mix.chat_cache, which "
-        "`longspec train` then reads (else it generates them itself).",
+        "`longspec train` then reads (else it generates them itself). With --prompts, render the chat prompts (the "
+        "documents they quote, the chat template) into data.mix.chat_prompts_cache with the tokenizer alone, on the "
+        "CPU, for --chat and `longspec train` to read.",
         epilog="example: longspec data --recipe qwen2.5-coder-1.5b-mix --target ./qwen15 --set-mix rows_cache=rows.pt",
     )
     p.add_argument("--target", required=True, metavar="MODEL",
                    help="the model the draft serves (only its tokenizer is loaded, but the whole model with --chat): "
                    "'smollm2', a model folder or a .gguf file")
     p.add_argument("--recipe", required=True, metavar="NAME_OR_JSON", help="a recipe with data.source 'mix'")
-    p.add_argument("--chat", action="store_true",
-                   help="instead, load the target and generate its chat self-distillation answers into "
-                   "data.mix.chat_cache (on a GPU: batched greedy generation)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--chat", action="store_true",
+                      help="instead, load the target and generate its chat self-distillation answers into "
+                      "data.mix.chat_cache (on a GPU: batched greedy generation)")
+    what.add_argument("--prompts", action="store_true",
+                      help="instead, render the chat self-distillation prompts into data.mix.chat_prompts_cache "
+                      "(tokenizer only)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where --chat generates (used with --chat only)")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
@@ -127,18 +133,21 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_data(args) -> dict:
-    """Run `longspec data`: the recipe's short and long rows into `data.mix.rows_cache` (see `add_data_parser`).
+    """Run `longspec data`: the recipe's short and long rows into `data.mix.rows_cache`, its chat prompts into
+    `data.mix.chat_prompts_cache` (`--prompts`) or the target's answers into `data.mix.chat_cache` (`--chat`); see
+    `add_data_parser`.
 
-    Returns: the scan's statistics {"documents", "skipped_evaluation", "duplicates", "files_seen", "build_s",
-        "rows_cache"}.
-    Raises: ValueError for a recipe without mixed data or without rows_cache (the message gives the option).
+    Returns: the scan's statistics {"documents", "skipped_evaluation", "duplicates", "files_seen", "build_s"} and the
+        cache file under its option's name.
+    Raises: ValueError for a recipe without mixed data, without the cache option, or (`--prompts`) without chat
+        prompts (the message gives the option).
     """
     from transformers_longspec.trainers.corpus import CorpusStats
-    from transformers_longspec.trainers.mix import MixSpec, chat_rows, short_and_long_rows
+    from transformers_longspec.trainers.mix import MixSpec, chat_prompt_ids, chat_rows, short_and_long_rows
     from transformers_longspec.trainers.recipes import load_recipe
 
     recipe = _with_data_overrides(load_recipe(args.recipe), args.set_data, args.set_mix)
-    cache = "chat_cache" if args.chat else "rows_cache"
+    cache = "chat_cache" if args.chat else "chat_prompts_cache" if args.prompts else "rows_cache"
     if recipe.data.source != "mix" or not (recipe.data.mix or {}).get(cache):
         raise ValueError(f"longspec data builds a recipe with data.source 'mix' into data.mix.{cache}: use such a "
                          f"recipe (e.g. qwen2.5-coder-1.5b-mix) and add --set-mix {cache}=FILE")
@@ -148,6 +157,12 @@ def run_data(args) -> dict:
         bf16 = {"bf16": True, "fp32": False}.get(args.dtype, device == "cuda")
         target, tokenizer = load_target(args.target, torch.bfloat16 if bf16 else torch.float32, device)
         built = f"{len(chat_rows(spec, tokenizer, target, stats))} chat rows"
+    elif cache == "chat_prompts_cache":
+        if not (spec.chat_prompts or spec.chat_parts_prompts or spec.chat_long_prompts):
+            raise ValueError("longspec data --prompts renders the chat prompts, and this recipe asks for none: set "
+                             "--set-mix chat_prompts=N (or chat_long_prompts / chat_parts_prompts)")
+        groups = chat_prompt_ids(spec, load_tokenizer(args.target), stats)
+        built = f"{sum(len(p) for rounds in groups.values() for p in rounds)} chat prompts"
     else:
         short, long_rows = short_and_long_rows(spec, load_tokenizer(args.target), stats)
         built = f"{len(short)} short and {len(long_rows)} long rows"
