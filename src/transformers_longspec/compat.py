@@ -331,9 +331,10 @@ def _is_draft_path(path) -> bool:
 
 
 def _load_assistant_model(model, assistant_model, assistant_tokenizer):
-    if isinstance(assistant_model, (str, os.PathLike)) and not Path(os.fspath(assistant_model)).exists():
+    if isinstance(assistant_model, (str, os.PathLike)):
         path = os.fspath(assistant_model)
-        if os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1:  # a local path, not a Hub id
+        local = os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1  # not a Hub id
+        if local and not os.path.exists(path):
             raise FileNotFoundError(f"pipeline(assistant_model={path!r}): no such folder or file; pass the folder a "
                                     "LongSpec draft was saved to (save_pretrained) or a compact draft file")
     if isinstance(assistant_model, (str, os.PathLike)) and model.can_generate() and _is_draft_path(assistant_model):

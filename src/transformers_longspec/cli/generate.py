@@ -104,9 +104,7 @@ def _prompt_ids(args: GenerateArgs, tokenizer, default_text: str | None) -> torc
     if args.prompt_file:
         text = Path(args.prompt_file).read_text()
     else:
-        text = args.prompt or default_text
-    if not text:
-        raise ValueError("give --prompt TEXT or --prompt-file PATH")
+        text = args.prompt or default_text  # `_check_before_loading` refused an empty prompt or prompt file
     if args.chat:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             return_dict=True)["input_ids"]
