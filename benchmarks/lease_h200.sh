@@ -53,9 +53,10 @@ RECIPE=${RECIPE:-qwen2.5-coder-1.5b-mix}
 SMOL_RECIPE=${SMOL_RECIPE:-smollm2-mix}
 DRAFT_SET=${DRAFT_SET:-'{}'}  # over the recipe's draft section
 QWEN_MIX=${QWEN_MIX:-'"short_rows": 24000'}  # over the recipe's data.mix (non-empty: JSON members)
+# earlier leases' answers (committed); CHAT_KEPT= : none (a from-scratch run makes all of its own)
+CHAT_KEPT=${CHAT_KEPT-drafts/chat-answers-qwen2.5-coder-1.5b-instruct.jsonl.gz}
 # the "prose" kind's shares (SmolLM2 variant `prose`; for the Qwen run put them and "prose_roots" in QWEN_MIX), read
 # from .prose (benchmarks/build_prose.py, carried with the launch)
-CHAT_KEPT=drafts/chat-answers-qwen2.5-coder-1.5b-instruct.jsonl.gz  # earlier leases' answers (committed)
 PROSE_MIX=${PROSE_MIX:-'"kinds": {"python": 0.35, "c_cpp": 0.25, "other_code": 0.05, "docs": 0.2, "prose": 0.15}, "long_kinds": {"python": 0.35, "c_cpp": 0.35, "docs": 0.1, "prose": 0.2}, "chat_kinds": ["python", "c_cpp", "docs", "prose"]'}
 
 phase() {  # phase NAME SECONDS COMMAND...: run COMMAND (killed after SECONDS) with OUT=$L/out/NAME, log the outcome
