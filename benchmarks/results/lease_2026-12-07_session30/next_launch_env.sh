@@ -3,7 +3,10 @@
 # prompts, its own chat answers (CHAT_KEPT= : none of earlier leases', one round, 240 s), then 10 minutes of steps
 # from a new draft (INIT_DRAFT= ; initialised from the target's last layer). SmolLM2 beside it from the end of the
 # data phase: a new draft (no SMOL_INIT), its own chat answers (150 s), 10 minutes of steps. Then tau only.
-# Stage both GGUFs first (Qwen in .stage, SmolLM2 with --repo .s135).
+# Stage both GGUFs first: Qwen as always (25 calls), then `gguf-models stage smollm2-135m-instruct --repo .s135`
+# and per chunk `gguf-models next --repo .s135` + a call with carry [".s135/.stage/cur"] running
+# `bash .s135/.stage/cur/receive.sh`.
+# Then launch with carry [".init", ".evaldata", ".prose"]. Expected: ~20 min from the launch to DONE (tau included).
 eval "$(grep '^PROSE_MIX=' benchmarks/lease_h200.sh)"
 R=$HOME/lease/repo
 export INIT_DRAFT= CHAT_KEPT=
