@@ -33,7 +33,7 @@ from ..bench import (
     select_eval_rows,
 )
 from ..bench.report import build_report, format_table, plot_report, write_report
-from .models import load_draft, load_target
+from .models import check_draft_option, check_target_option, load_draft, load_target
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_METHODS = "sdpa,eager,static_compile,plain_graph,assisted,prompt_lookup,longspec"
@@ -150,6 +150,9 @@ def run_bench_command(args) -> dict:
     if args.dtype is None:  # bf16 on a CPU is emulated (and GGUF targets load fastest in fp32)
         args.dtype = "bf16" if device.type == "cuda" else "fp32"
     config = _config(args)
+    check_target_option(args.target)  # the paths first: a mistake there is named before the data's
+    if args.draft and _needs(config, "draft"):
+        check_draft_option(args.draft)
     datasets, buckets = _split(args.datasets, str, "--datasets"), _split(args.buckets, int, "--buckets")
     for name in datasets:  # a missing file fails now, not after minutes of loading
         select_eval_rows(Path(args.data_dir or default_eval_dir()) / f"{name}.jsonl", buckets, args.per_bucket)

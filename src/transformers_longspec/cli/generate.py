@@ -88,11 +88,15 @@ def _check_before_loading(args: GenerateArgs, default_text: str | None) -> list[
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda, but this torch sees no CUDA device; use --device cpu")
+    if args.prompt_file and Path(args.prompt_file).is_dir():
+        raise ValueError(f"--prompt-file {args.prompt_file!r} is a folder; give the path of a text file")
     if args.prompt_file and not Path(args.prompt_file).is_file():
         raise FileNotFoundError(f"--prompt-file {args.prompt_file!r}: no such file")
     if args.prompt_file and not Path(args.prompt_file).read_text().strip():
         raise ValueError(f"--prompt-file {args.prompt_file!r} is empty; put the prompt's text in it, or give --prompt "
                          "TEXT")
+    if args.prompt is not None and not args.prompt.strip():
+        raise ValueError("--prompt is empty; give the prompt's text, or --prompt-file PATH")
     if not (args.prompt or args.prompt_file or default_text):
         raise ValueError("give --prompt TEXT or --prompt-file PATH")
     if args.draft:
@@ -149,8 +153,9 @@ def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
         p.add_argument("--target", default="smollm2", metavar="MODEL",
                        help="the model whose output you want: 'smollm2' (default, the embedded "
                        "SmolLM2-135M-Instruct), a Hugging Face model folder or a .gguf file (Llama, Qwen2, Mistral)")
-        p.add_argument("--prompt", metavar="TEXT", help="the prompt")
-        p.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this text file instead")
+        prompt = p.add_mutually_exclusive_group()
+        prompt.add_argument("--prompt", metavar="TEXT", help="the prompt")
+        prompt.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this text file instead")
         p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--draft", metavar="FOLDER",
                    help="a LongSpec draft saved for this target (save_pretrained or `longspec train`); default: the "

@@ -14,7 +14,7 @@ import torch
 
 from ..configuration import LongSpecConfig, size_mismatches
 
-__all__ = ["check_draft_option", "load_draft", "load_target", "load_tokenizer"]
+__all__ = ["check_draft_option", "check_target_option", "load_draft", "load_target", "load_tokenizer"]
 
 
 def load_target(spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
@@ -42,7 +42,7 @@ def load_target(spec: str, dtype: torch.dtype = torch.float32, device: str = "cp
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     else:
-        raise FileNotFoundError(f"--target {spec!r}: not a model folder, a .gguf file, or 'smollm2'")
+        raise _no_target(spec)
     return model.to(device).eval(), tokenizer
 
 
@@ -64,7 +64,19 @@ def load_tokenizer(spec: str):
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     if path.is_dir():
         return AutoTokenizer.from_pretrained(path)
-    raise FileNotFoundError(f"--target {spec!r}: not a model folder, a .gguf file, or 'smollm2'")
+    raise _no_target(spec)
+
+
+def _no_target(spec: str) -> FileNotFoundError:
+    return FileNotFoundError(f"--target {spec!r}: not a model folder, a .gguf file, or 'smollm2'")
+
+
+def check_target_option(spec: str) -> None:
+    """Raise FileNotFoundError naming `--target` unless `spec` is "smollm2", a `.gguf` file or a folder, as
+    `load_target` takes them (cheap: no load)."""
+    path = Path(spec)
+    if spec != "smollm2" and not (path.suffix == ".gguf" and path.is_file()) and not path.is_dir():
+        raise _no_target(spec)
 
 
 def check_draft_option(path: str) -> None:

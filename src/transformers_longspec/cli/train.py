@@ -189,14 +189,17 @@ def _check_train_args(args) -> None:
         raise ValueError(f"--output {args.output!r} is a file; give a folder (it is created if needed)")
 
 
-def _parse_sets(pairs: list[str]) -> dict:
-    """`KEY=VALUE` strings → dict; values parsed as JSON when possible (numbers, true/false, lists), and Python's
-    True / False too (a string "False" would count as true)."""
+_SET_EXAMPLES = {"--set": "learning_rate=1e-4", "--set-data": "max_sequences=64", "--set-mix": "short_rows=2000"}
+
+
+def _parse_sets(pairs: list[str], flag: str = "--set") -> dict:
+    """`KEY=VALUE` strings of option `flag` → dict; values parsed as JSON when possible (numbers, true/false, lists),
+    and Python's True / False too (a string "False" would count as true)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE (e.g. --set learning_rate=1e-4), got {pair!r}")
+            raise ValueError(f"{flag} expects KEY=VALUE (e.g. {flag} {_SET_EXAMPLES[flag]}), got {pair!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -209,7 +212,7 @@ def _with_data_overrides(recipe, pairs: list[str], mix_pairs: list[str] = ()):
     (validated again by `DataSpec` / `MixSpec`)."""
     if not pairs and not mix_pairs:
         return recipe
-    overrides = _parse_sets(pairs)
+    overrides = _parse_sets(pairs, "--set-data")
     allowed = {f.name for f in dataclasses.fields(recipe.data)}
     unknown = sorted(set(overrides) - allowed)
     if unknown:
@@ -218,7 +221,7 @@ def _with_data_overrides(recipe, pairs: list[str], mix_pairs: list[str] = ()):
         if recipe.data.source != "mix":
             raise ValueError(f"--set-mix changes data.mix, but recipe {recipe.name!r} has data.source "
                              f"{recipe.data.source!r}; use --set-data, or a recipe with mixed data")
-        overrides["mix"] = {**(recipe.data.mix or {}), **_parse_sets(mix_pairs)}
+        overrides["mix"] = {**(recipe.data.mix or {}), **_parse_sets(mix_pairs, "--set-mix")}
     return dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, **overrides))
 
 
