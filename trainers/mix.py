@@ -362,6 +362,7 @@ _CHAT_GROUPS = (  # (name, count setting, characters setting, tasks, seed offset
     ("chat", "chat_prompts", "chat_prompt_chars", DEFAULT_CHAT_TASKS, 0),
     ("chat_parts", "chat_parts_prompts", "chat_long_prompt_chars", ("summarize_parts",), 2),
     ("chat_long", "chat_long_prompts", "chat_long_prompt_chars", DEFAULT_CHAT_TASKS, 1))
+_CHAT_CHARS = {name: chars for name, _, chars, _, _ in _CHAT_GROUPS}  # a group's prompt characters setting
 _CHAT_PROMPT_SETTINGS = ("chat_prompts", "chat_prompt_chars", "chat_parts_prompts", "chat_long_prompts",
                          "chat_long_prompt_chars", "chat_rounds", "chat_kinds", "roots", "prose_roots", "system_docs",
                          "seed")
@@ -409,7 +410,7 @@ def chat_rows(spec: MixSpec, tokenizer, target, stats: CorpusStats) -> list[dict
     start, rows = time.perf_counter(), []
     for name, rounds in groups.items():
         before, seconds = len(rows), []
-        chars = spec.chat_prompt_chars if name == "chat" else spec.chat_long_prompt_chars
+        chars = getattr(spec, _CHAT_CHARS[name])
         batch = max(1, spec.chat_batch_size * spec.chat_prompt_chars[1] // chars[1])  # tokens per batch kept
         total = spec.chat_time_budget_s
         if total is not None and name == "chat" and (spec.chat_long_prompts or spec.chat_parts_prompts):

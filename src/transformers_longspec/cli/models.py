@@ -34,15 +34,9 @@ def load_target(spec: str, dtype: torch.dtype = torch.float32, device: str = "cp
         from ..demo import load_smollm2
 
         return load_smollm2(dtype=dtype, device=device)
-    path = Path(spec)
-    if path.suffix == ".gguf" and path.is_file():
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-    elif path.is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    else:
-        raise _no_target(spec)
+    folder, gguf_file = _model_location(spec)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=dtype)
     return model.to(device).eval(), tokenizer
 
 
@@ -57,26 +51,27 @@ def load_tokenizer(spec: str):
     if spec == "smollm2":
         from ..demo import SMOLLM2_GGUF, smollm2_dir
 
-        path = Path(smollm2_dir()) / SMOLLM2_GGUF
+        folder, gguf_file = Path(smollm2_dir()), SMOLLM2_GGUF
     else:
-        path = Path(spec)
+        folder, gguf_file = _model_location(spec)
+    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+
+
+def _model_location(spec: str) -> tuple[Path, str | None]:
+    """(folder, GGUF file name or None) of a `--target` path: a `.gguf` file or a model folder."""
+    path = Path(spec)
     if path.suffix == ".gguf" and path.is_file():
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        return path.parent, path.name
     if path.is_dir():
-        return AutoTokenizer.from_pretrained(path)
-    raise _no_target(spec)
-
-
-def _no_target(spec: str) -> FileNotFoundError:
-    return FileNotFoundError(f"--target {spec!r}: not a model folder, a .gguf file, or 'smollm2'")
+        return path, None
+    raise FileNotFoundError(f"--target {spec!r}: not a model folder, a .gguf file, or 'smollm2'")
 
 
 def check_target_option(spec: str) -> None:
     """Raise FileNotFoundError naming `--target` unless `spec` is "smollm2", a `.gguf` file or a folder, as
     `load_target` takes them (cheap: no load)."""
-    path = Path(spec)
-    if spec != "smollm2" and not (path.suffix == ".gguf" and path.is_file()) and not path.is_dir():
-        raise _no_target(spec)
+    if spec != "smollm2":
+        _model_location(spec)
 
 
 def check_draft_option(path: str) -> None:
