@@ -337,10 +337,10 @@ def _load_assistant_model(model, assistant_model, assistant_tokenizer):
         if local and not os.path.exists(path):
             raise FileNotFoundError(f"pipeline(assistant_model={path!r}): no such folder or file; pass the folder a "
                                     "LongSpec draft was saved to (save_pretrained) or a compact draft file")
-    if isinstance(assistant_model, (str, os.PathLike)) and model.can_generate() and _is_draft_path(assistant_model):
-        from .modeling import LongSpecDraft
+        if model.can_generate() and _is_draft_path(path):
+            from .modeling import LongSpecDraft
 
-        return LongSpecDraft.from_pretrained(os.fspath(assistant_model), target_model=model), None
+            return LongSpecDraft.from_pretrained(path, target_model=model), None
     return _ORIGINALS["load_assistant_model"](model, assistant_model, assistant_tokenizer)
 
 
