@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One single-GPU lease (nvidia-h200) for the Qwen2.5-Coder-1.5B-Instruct target and SmolLM2-135M-Instruct, after
-# staging both GGUFs (gguf-models stage ...: Qwen in .stage, SmolLM2 with --repo .s135):
+# staging both GGUFs (gguf-models stage ...: Qwen in .stage, SmolLM2 with --repo .s135 --chunk-mib 40, as the tool
+# sizes .s135's chunks without the work tree that travels with them):
 #   bash benchmarks/lease_h200.sh preflight .init .evaldata .prose  # here, first: the launch call's size vs the tool's limit
 #   bash benchmarks/lease_h200.sh launch     # copy the work tree to ~/lease/repo, start the pipeline detached (setsid)
 #   bash benchmarks/lease_h200.sh sync       # copy this call's src/ trainers/ kernels/ benchmarks/ over ~/lease/repo:
