@@ -42,6 +42,9 @@
 #            the same fixed target texts (accept_matrix.py: per-level acceptance, replayed chain τ, no near-tie noise)
 #   bench    every greedy method end to end in one process, alone on the GPU (BENCH_S=0: none; BENCH_METHODS,
 #            BENCH_DATASETS, BENCH_BUCKETS). PIPELINE=pipeline-bench: convert and this bench of INIT_DRAFT alone
+# PIPELINE=pipeline-levers: data, convert, the kept chat answers, then qwen-levers: new Qwen drafts at equal steps
+#   (QWEN_STEPS), one lever changed each (QWEN_VARIANTS: base nochat nolong nosoft noinit python), QWEN_LANES at a
+#   time, all teacher-forced beside INIT_DRAFT on the fixed texts of QWEN_ANSWERS (accept_levers.json)
 # Set LONGSPEC_COMMIT on the launch command line; carry .evaldata (public jsonl + heldout.jsonl).
 # DRY=1: the same pipeline on a CPU in minutes (tiny data and steps, 2k-token prompts, 16 new tokens; HOME pointing at
 # a folder with stage/qwen2.5-coder-1.5b-instruct.gguf and stage/smollm2-135m-instruct.gguf, any small GGUFs).
@@ -178,6 +181,15 @@ case "${1:-}" in
     wait "$tests_pid"
     [ "${BENCH_SMOL:-1}" = 0 ] || phase bench-smol 240 bash benchmarks/lease_h200.sh bench-smol
     echo "$(date +%T) DONE" >> "$L/status" ;;
+  pipeline-levers)  # issue 12's ablation at Qwen scale: data, convert, the kept chat answers (CHAT_S=0), then qwen-levers
+    export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-unknown} DRY
+    phase data "$(dry 300 420)" bash benchmarks/lease_h200.sh data &
+    data_pid=$!
+    phase convert 300 bash benchmarks/lease_h200.sh convert
+    wait "$data_pid"
+    phase chat 120 bash benchmarks/lease_h200.sh chat
+    phase levers "${LEVERS_S:-$(dry 900 960)}" bash benchmarks/lease_h200.sh qwen-levers
+    echo "$(date +%T) DONE" >> "$L/status" ;;
   data-smol)
     pkg /tmp/pkg-data
     # shellcheck disable=SC2046
@@ -305,6 +317,40 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       --datasets heldout:4,code_completion,summarization --buckets 2048,4096 --per-bucket "${SMOL_TAU_PER_BUCKET:-1}" \
       --max-new-tokens "$(dry 16 128)" --configs "${SMOL_TAU_CONFIGS:-tree,chain}" \
       --max-seconds "$(dry 30 "${SMOL_TAU_S:-50}")" --out "$OUT/tau_smol_$3.json" ;;
+  qwen-levers)  # Qwen drafts from nothing at equal steps (QWEN_STEPS), one lever changed each (QWEN_VARIANTS), at most
+                # QWEN_LANES of them sharing the GPU; then all of them, and INIT_DRAFT as the reference, teacher-forced on
+                # the fixed target texts of QWEN_ANSWERS (an accept_matrix.json: no answers generated, no near-tie noise)
+    for v in ${QWEN_VARIANTS:-base nochat nolong nosoft noinit python}; do
+      while [ "$(jobs -rp | wc -l)" -ge "${QWEN_LANES:-2}" ]; do sleep 2; done
+      bash benchmarks/lease_h200.sh qwen-train "$v" &
+    done
+    wait
+    drafts=$(cd "$HOME" && for d in draft-qwen-*; do [ -f "$d/config.json" ] && printf ',%s' "${d#draft-qwen-}=$HOME/$d"; done)
+    init=$(init_draft)
+    [ "$DRY" = 1 ] || [ -z "$init" ] || [ ! -f "$init" ] || drafts=",shipped=$init$drafts"
+    [ -n "$drafts" ] || { echo "qwen-levers: no draft trained"; exit 1; }
+    pkg /tmp/pkg-levers
+    python3 benchmarks/accept_matrix.py --target "$HOME/qwen15" --drafts "${drafts#,}" --dtype "$(dry float32 bfloat16)" \
+      ${QWEN_ANSWERS:+--answers "$QWEN_ANSWERS"} --datasets summarization,heldout:4,code_completion \
+      --buckets "$(dry 2048 8192,16384,30000)" --per-bucket "$(dry 1 2)" --max-new-tokens "$(dry 16 256)" \
+      --max-seconds "$(dry 120 "${ACCEPT_S:-240}")" --out "$OUT/accept_levers.json" ;;
+  qwen-train)  # qwen-train VARIANT: a new Qwen draft into ~/draft-qwen-VARIANT with one lever of the recipe changed
+    draft_set=${DRAFT_SET:-'{}'} mix_set="" extra=""
+    case $2 in
+      base) ;;
+      nochat) mix_set=', "chat_prompts": 0, "chat_long_prompts": 0, "chat_parts_prompts": 0, "chat_prompts_cache": null' ;;
+      nolong) mix_set=', "long_rows": 0, "rows_cache": null' ;;  # the shared rows cache holds long rows
+      nosoft) extra="--set soft_labels_topk=0 --set draft_vocab_loss=false" ;;  # draft_vocab_loss is a soft-label term
+      noinit) draft_set=$(python3 -c 'import json, sys
+print(json.dumps({**json.loads(sys.argv[1]), "init_from_target": False}))' "$draft_set") ;;  # random init
+      python) mix_set=', "kinds": {"python": 1.0}, "rows_cache": null' ;;  # the data mix: Python sources only
+      *) echo "qwen-train: unknown variant '$2' (base nochat nolong nosoft noinit python)" >&2; exit 2 ;;
+    esac
+    OUT=$OUT/$2 DRAFT=$HOME/draft-qwen-$2 TARGET=$HOME/qwen15 RECIPE=$RECIPE PKG=/tmp/pkg-qwen-$2 DRY_RUN=$DRY \
+      DRAFT_SET="$draft_set" MIX_SET="$(qwen_mix ", \"chat_time_budget_s\": 0$mix_set")" \
+      CHAT_CACHE=$HOME/chat-cache-qwen15.jsonl \
+      TRAIN_EXTRA="--max-steps $(dry 4 "${QWEN_STEPS:-250}") --max-minutes $(dry 2 "${QWEN_MIN:-9}") ${TRAIN_SET:-} $extra" \
+      bash benchmarks/gpu_train_mix.sh ;;
   sync)
     cp -r src trainers kernels benchmarks "$L/repo"/ && echo "synced into $L/repo" ;;
   preflight)  # preflight CARRY...: on this machine, before `launch`: what the launch call sends (work tree + CARRY)

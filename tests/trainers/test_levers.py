@@ -380,6 +380,12 @@ def test_chat_prompts_cache_serves_the_same_prompts_and_rows(tmp_path, fake_site
     monkeypatch.setattr("transformers_longspec.cli.train.load_tokenizer", lambda spec: tok)
     assert main(["data", "--prompts", "--recipe", str(recipe), "--target", "unused"]) == 2
     assert "asks for none: set --set-mix chat_prompts=N" in capsys.readouterr().err
+    # a mix recipe without the cache file to write: the message names the option, not another recipe
+    recipe.write_text(json.dumps({"data": {"source": "mix", "format": "mix",
+                                           "mix": {**mix, "chat_prompts_cache": None}}}))
+    assert main(["data", "--prompts", "--recipe", str(recipe), "--target", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompts writes data.mix.chat_prompts_cache, which recipe" in err and "use such a recipe" not in err
     with pytest.raises(SystemExit):  # one of --chat / --prompts
         main(["data", "--prompts", "--chat", "--recipe", str(recipe), "--target", "unused"])
 

@@ -205,6 +205,13 @@ def test_cli_user_errors(tmp_path):
     with pytest.raises(ValueError, match="KEY=VALUE"):
         _run(["--target", "smollm2", "--recipe", "stage1", "--output", str(tmp_path / "o"), "--set", "oops",
               "--device", "cpu"])
+    # --set names no training argument / gives a float argument text: refused before the target loads
+    with pytest.raises(ValueError, match="unknown training arguments \\['no_such_arg'\\]"):
+        _run(["--target", "smollm2", "--recipe", "stage1", "--output", str(tmp_path / "o"), "--set", "no_such_arg=1",
+              "--device", "cpu"])
+    with pytest.raises(ValueError, match="learning_rate takes a float, got 'abc'"):
+        _run(["--target", "smollm2", "--recipe", "stage1", "--output", str(tmp_path / "o"), "--set",
+              "learning_rate=abc", "--device", "cpu"])
 
 
 @pytest.mark.filterwarnings("ignore:recipe data. packages")

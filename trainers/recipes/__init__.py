@@ -183,10 +183,34 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
 def build_training_arguments(recipe: Recipe, output_dir: str, **overrides) -> LongSpecTrainingArguments:
     """`LongSpecTrainingArguments` from the recipe, with `overrides` (e.g. max_steps, use_cpu, bf16) on top.
 
-    Raises: ValueError from `LongSpecTrainingArguments` for inconsistent settings.
+    Raises: ValueError naming a setting that is not a training argument, or a float / int / bool argument given a
+    value of another type (a `--set learning_rate=abc` would otherwise fail inside the optimiser, after the data
+    build); ValueError from `LongSpecTrainingArguments` for inconsistent settings.
     Reference: transformers `TrainingArguments`.
     """
-    return LongSpecTrainingArguments(output_dir=output_dir, **{**recipe.training_arguments, **overrides})
+    settings = {**recipe.training_arguments, **overrides}
+    _check_training_settings(settings)
+    return LongSpecTrainingArguments(output_dir=output_dir, **settings)
+
+
+_SCALARS = {"float": (int, float), "int": (int,), "bool": (bool,)}  # a field's declared type -> the values it takes
+
+
+def _check_training_settings(settings: dict) -> None:
+    """Each key a `LongSpecTrainingArguments` field; a field declared float / int / bool (or that | None) gets one."""
+    declared = {f.name: str(getattr(f.type, "__name__", f.type)) for f in fields(LongSpecTrainingArguments) if f.init}
+    unknown = sorted(set(settings) - set(declared))
+    if unknown:
+        raise ValueError(f"unknown training arguments {unknown}: use the names of LongSpecTrainingArguments / "
+                         "transformers TrainingArguments (e.g. learning_rate, max_steps, noise_offsets_per_step)")
+    for key, value in settings.items():
+        kind = declared[key].replace(" | None", "").replace("None | ", "")
+        ok = _SCALARS.get(kind)
+        if ok is None or (value is None and kind != declared[key]):
+            continue
+        if isinstance(value, bool) and kind != "bool" or not isinstance(value, ok):
+            raise ValueError(f"training argument {key} takes {'a' if kind != 'int' else 'an'} {kind}, got "
+                             f"{value!r} ({type(value).__name__})")
 
 
 def _installed(packages: list[str]) -> list[str]:

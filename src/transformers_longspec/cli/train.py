@@ -44,8 +44,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         "qwen2.5-coder-1.5b-mix (the mixed builder behind the bundled drafts), smollm2-gpu, qwen2.5-coder-1.5b-gpu, "
         "-distill, -ablation (see trainers/recipes/README.md). Progress bars and "
         "losses come from the transformers Trainer; the final draft and its model card are saved to --output.",
-        epilog="example: longspec train --recipe stage1 --target smollm2 --output drafts/smollm2 --max-steps 50\n"
-        "a few minutes on a CPU: ... --max-steps 3 --set per_device_train_batch_size=1 --set-data max_sequences=8 "
+        epilog="example: longspec train --recipe stage1 --target smollm2 --output drafts/smollm2 --max-steps 50. "
+        "For a few minutes on a CPU: ... --max-steps 3 --set per_device_train_batch_size=1 --set-data max_sequences=8 "
         "--set-data eval_sequences=0 (no evaluation rows: evaluation is the slow part on a CPU)",
     )
     p.add_argument("--target", required=True, metavar="MODEL",
@@ -148,9 +148,13 @@ def run_data(args) -> dict:
 
     recipe = _with_data_overrides(load_recipe(args.recipe), args.set_data, args.set_mix)
     cache = "chat_cache" if args.chat else "chat_prompts_cache" if args.prompts else "rows_cache"
-    if recipe.data.source != "mix" or not (recipe.data.mix or {}).get(cache):
-        raise ValueError(f"longspec data builds a recipe with data.source 'mix' into data.mix.{cache}: use such a "
-                         f"recipe (e.g. qwen2.5-coder-1.5b-mix) and add --set-mix {cache}=FILE")
+    if recipe.data.source != "mix":
+        raise ValueError(f"longspec data builds a recipe with data.source 'mix' into data.mix.{cache}, and recipe "
+                         f"{recipe.name!r} has {recipe.data.source!r}: use such a recipe (e.g. "
+                         f"qwen2.5-coder-1.5b-mix) and add --set-mix {cache}=FILE")
+    if not recipe.data.mix.get(cache):
+        raise ValueError(f"longspec data{' --chat' if args.chat else ' --prompts' if args.prompts else ''} writes "
+                         f"data.mix.{cache}, which recipe {recipe.name!r} leaves unset: add --set-mix {cache}=FILE")
     start, stats, spec = time.perf_counter(), CorpusStats.empty(), MixSpec(**recipe.data.mix)
     if args.chat:
         device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
