@@ -152,7 +152,7 @@ def run_data(args) -> dict:
         raise ValueError(f"longspec data builds a recipe with data.source 'mix' into data.mix.{cache}, and recipe "
                          f"{recipe.name!r} has {recipe.data.source!r}: use such a recipe (e.g. "
                          f"qwen2.5-coder-1.5b-mix) and add --set-mix {cache}=FILE")
-    if not recipe.data.mix.get(cache):
+    if not (recipe.data.mix or {}).get(cache):
         raise ValueError(f"longspec data{' --chat' if args.chat else ' --prompts' if args.prompts else ''} writes "
                          f"data.mix.{cache}, which recipe {recipe.name!r} leaves unset: add --set-mix {cache}=FILE")
     start, stats, spec = time.perf_counter(), CorpusStats.empty(), MixSpec(**recipe.data.mix)
