@@ -96,6 +96,10 @@ smol_mix() {
   echo "{\"rows_cache\": \"$HOME/rows-smollm2.pt\", \"chat_cache\": \"$HOME/chat-cache-smollm2.jsonl\"${SMOL_MIX:+, $SMOL_MIX}$(dry \
     ', "short_rows": 48, "short_seq_length": 256, "short_rows_per_step": 4, "long_rows": 2, "long_seq_length": 2048, "long_min_length": 1024, "chat_prompts": 4, "chat_prompt_chars": [800, 1600], "chat_long_prompts": 2, "chat_long_prompt_chars": [1600, 3200], "chat_max_new_tokens": 16, "chat_batch_size": 4' '')${1:-}}"
 }
+json_with() {  # json_with OBJECT MEMBERS: the JSON object OBJECT with the members of the JSON object MEMBERS over it
+  python3 -c 'import json, sys
+print(json.dumps({**json.loads(sys.argv[1]), **json.loads(sys.argv[2])}))' "$1" "$2"
+}
 set_mix() {  # set_mix JSON: the --set-mix arguments of a JSON object, one per line (compact JSON: no spaces)
   python3 -c 'import json, sys
 for k, v in json.loads(sys.argv[1]).items():
@@ -297,7 +301,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
     case $2 in
       nofeature) draft_set='{"target_hidden_input": false, "target_feature_layers": null}' ;;
       nolayers) draft_set='{"target_hidden_input": true, "target_feature_layers": null}' ;;  # the final state only
-      noinit) draft_set="${draft_set%\}}, \"init_from_target\": false}" ;;
+      noinit) draft_set=$(json_with "$draft_set" '{"init_from_target": false}') ;;
       nochat) mix_set=', "chat_prompts": 0' ;;
       nolong) mix_set=', "long_rows": 0, "rows_cache": null' ;;  # the shared rows cache holds long rows
       nosoft) extra="--set soft_labels_topk=0" ;;
@@ -320,12 +324,15 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
   qwen-levers)  # Qwen drafts from nothing at equal steps (QWEN_STEPS), one lever changed each (QWEN_VARIANTS), at most
                 # QWEN_LANES of them sharing the GPU; then all of them, and INIT_DRAFT as the reference, teacher-forced on
                 # the fixed target texts of QWEN_ANSWERS (an accept_matrix.json: no answers generated, no near-tie noise)
-    for v in ${QWEN_VARIANTS:-base nochat nolong nosoft noinit python}; do
+    variants=${QWEN_VARIANTS:-base nochat nolong nosoft noinit python} drafts=
+    for v in $variants; do
       while [ "$(jobs -rp | wc -l)" -ge "${QWEN_LANES:-2}" ]; do sleep 2; done
       bash benchmarks/lease_h200.sh qwen-train "$v" &
     done
     wait
-    drafts=$(cd "$HOME" && for d in draft-qwen-*; do [ -f "$d/config.json" ] && printf ',%s' "${d#draft-qwen-}=$HOME/$d"; done)
+    for v in $variants; do  # the variants whose training ended with a saved draft
+      [ ! -f "$HOME/draft-qwen-$v/config.json" ] || drafts="$drafts,$v=$HOME/draft-qwen-$v"
+    done
     init=$(init_draft)
     [ "$DRY" = 1 ] || [ -z "$init" ] || [ ! -f "$init" ] || drafts=",shipped=$init$drafts"
     [ -n "$drafts" ] || { echo "qwen-levers: no draft trained"; exit 1; }
@@ -341,8 +348,7 @@ print("compact draft:", draft.save_compact(sys.argv[2]), draft.save_compact(sys.
       nochat) mix_set=', "chat_prompts": 0, "chat_long_prompts": 0, "chat_parts_prompts": 0, "chat_prompts_cache": null' ;;
       nolong) mix_set=', "long_rows": 0, "rows_cache": null' ;;  # the shared rows cache holds long rows
       nosoft) extra="--set soft_labels_topk=0 --set draft_vocab_loss=false" ;;  # draft_vocab_loss is a soft-label term
-      noinit) draft_set=$(python3 -c 'import json, sys
-print(json.dumps({**json.loads(sys.argv[1]), "init_from_target": False}))' "$draft_set") ;;  # random init
+      noinit) draft_set=$(json_with "$draft_set" '{"init_from_target": false}') ;;  # random init
       python) mix_set=', "kinds": {"python": 1.0}, "rows_cache": null' ;;  # the data mix: Python sources only
       *) echo "qwen-train: unknown variant '$2' (base nochat nolong nosoft noinit python)" >&2; exit 2 ;;
     esac
