@@ -64,6 +64,9 @@ MISTAKES = {
     "zero new tokens": (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     "missing target": (["generate", "--prompt", "hi", "--target", "{tmp}/model"], "not a model folder, a .gguf"),
     "unknown command": (["serve"], "invalid choice: 'serve'"),
+    # argparse reports a command's unknown option as the top-level program's ("longspec: error: ...")
+    "bench unknown option": (["bench", "--target", "{tmp}", "--out", "{tmp}/b", "--bogus"],
+                             r"^longspec bench: error: unrecognized arguments: --bogus \(see longspec bench --help\)"),
     "train unknown recipe": (["train", "--recipe", "no-such", "--target", "smollm2", "--output", "{tmp}/o"],
                              "no-such"),
     "train lora without draft": (["train", "--recipe", "stage1", "--target", "smollm2", "--output", "{tmp}/o",

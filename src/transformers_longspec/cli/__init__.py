@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (add_demo_parser, add_generate_parser, add_train_parser, add_data_parser, add_bench_parser):
         add(sub)
+    parser.commands = sub.choices  # command name -> its parser, for main's unknown-argument error
     return parser
 
 
@@ -69,7 +70,10 @@ def _join_negative_tree(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `longspec` command. Returns the exit status: 0, 2 for a user mistake (one line on stderr,
     no traceback), 130 when interrupted."""
-    args = build_parser().parse_args(_join_negative_tree(sys.argv[1:] if argv is None else list(argv)))
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(_join_negative_tree(sys.argv[1:] if argv is None else list(argv)))
+    if unknown:  # reported by the command's own parser: "longspec bench: error: ..." (see longspec bench --help)
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         args.func(args)
     except (ValueError, ImportError, OSError) as err:  # user mistakes: paths, files, options, missing packages
