@@ -251,7 +251,8 @@ def generate_answers(target, tokenizer, prompt_ids: Sequence[list[int]], max_new
         max_new_tokens: answer length at most (tokens).
         batch_size: prompts per batch.
         time_budget_s: seconds (None = no limit); no batch starts once this much time has passed, or would have
-            passed by its end if it took as long as the batch before (a budget of 0 or less answers nothing).
+            passed by its end if it took as long as the batch before (a budget of 0 or less answers nothing). The
+            first batch has no such estimate: it starts while any budget remains and may end past it.
         cache_path: jsonl file of cached answers (created if missing; None = no cache).
         prefill_tokens: prompt tokens per prefill forward across a batch (`batch_greedy`).
         batch_seconds: a list to which each batch's wall time (seconds, its cache write included) is appended

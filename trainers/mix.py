@@ -75,7 +75,10 @@ class MixSpec:
         chat_long_prompt_chars: (min, max) characters of document per long prompt.
         chat_max_new_tokens: answer length at most.
         chat_batch_size: prompts per batch of answers (`batch_greedy`).
-        chat_time_budget_s: stop generating after this many seconds (None = no limit).
+        chat_time_budget_s: start no batch of answers after this many seconds (None = no limit). A batch is
+            judged by the previous batch's time, so the first batch of each group (short, per-part, long prompts)
+            starts whenever any of the budget remains, and the generation can end up to that batch's time past
+            the budget (session 31: one batch of 24 long prompts, 143 s, ended 96 s past a 240 s budget).
         chat_cache: jsonl file caching the answers (None = no cache).
         chat_rounds: rounds of chat prompts (>= 1), each `chat_prompts` + `chat_long_prompts` prompts over the
             documents after the previous rounds' (from the first again when a kind runs out), with a seed of its own;
