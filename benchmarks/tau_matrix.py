@@ -15,8 +15,10 @@ depend on them), so each builds its static engine once; the decode tok/s recorde
 Output: JSON {"meta", "rows"} (rewritten after every run, so a run stopped at a time limit keeps its rows) and a
 markdown table (median τ per dataset × bucket × configuration) beside it.
 
-A configuration is a name of `CONFIGS` or a tree shape `tree:W1-W2-...` with an optional retrieval length `+N`
-(`tree:8-16-16-16-16+10`: a wider first level with 10-token retrieval).
+A configuration is a name of `CONFIGS` or a tree shape `tree:W1-W2-...` with an optional node count `@K` (verify the
+K best drafted nodes of the grown shape, `longspec_tree_nodes`) and retrieval length `+N`
+(`tree:8-16-16-16-16+10`: a wider first level with 10-token retrieval; `tree:16-16-16-16-16-16-16-16@68+10`: the 68
+best of eight levels, as many tokens verified as the default tree).
 """
 
 from __future__ import annotations
@@ -48,18 +50,20 @@ CONFIGS = {
 
 
 def config_kwargs(name: str) -> dict:
-    """The `generate` arguments of a configuration: a `CONFIGS` name or `tree:W1-W2-...[+N]` (widths per depth,
-    N retrieval tokens, default 0). Raises: ValueError naming both forms for anything else."""
+    """The `generate` arguments of a configuration: a `CONFIGS` name or `tree:W1-W2-...[@K][+N]` (widths per depth,
+    K drafted nodes verified, default all; N retrieval tokens, default 0). Raises: ValueError naming both forms for
+    anything else."""
     if name in CONFIGS:
         return CONFIGS[name]
-    match = re.fullmatch(r"tree:(\d+(?:-\d+)*)(?:\+(\d+))?", name)
+    match = re.fullmatch(r"tree:(\d+(?:-\d+)*)(?:@(\d+))?(?:\+(\d+))?", name)
     if match is None and name.isdigit():
         raise ValueError(f"configuration {name!r} is a bare number: commas separate configurations, so a tree shape "
                          "takes '-' between its widths, e.g. tree:8-16-16-16-16+10")
     if match is None:
         raise ValueError(f"unknown configuration {name!r}: use one of {list(CONFIGS)} or a tree shape "
-                         "tree:W1-W2-...[+N], e.g. tree:8-16-16-16-16+10")
-    return {"longspec_beam_widths": [int(w) for w in match[1].split("-")], "longspec_retrieval": int(match[2] or 0)}
+                         "tree:W1-W2-...[@K][+N], e.g. tree:8-16-16-16-16+10")
+    kwargs = {"longspec_beam_widths": [int(w) for w in match[1].split("-")], "longspec_retrieval": int(match[3] or 0)}
+    return kwargs if match[2] is None else {**kwargs, "longspec_tree_nodes": int(match[2])}
 
 
 def run_config(target, draft, ids, kwargs: dict, new_tokens: int) -> tuple[torch.Tensor, dict]:
@@ -129,7 +133,8 @@ def main() -> None:
     p.add_argument("--draft", default=None)
     add_prompt_arguments(p)
     p.add_argument("--configs", default=",".join(CONFIGS),
-                   help=f"names of {list(CONFIGS)} or tree shapes tree:W1-W2-...[+N] (N retrieval tokens)")
+                   help=f"names of {list(CONFIGS)} or tree shapes tree:W1-W2-...[@K][+N] (K drafted nodes "
+                        "verified, N retrieval tokens)")
     p.add_argument("--max-seconds", type=float, default=1e9,
                    help="start no new prompt after this many seconds (shared equally by the configurations)")
     p.add_argument("--out", required=True)

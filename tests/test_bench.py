@@ -186,6 +186,8 @@ def test_tau_matrix_takes_named_configurations_and_tree_shapes():
     module = _load(TESTS.parent / "benchmarks" / "tau_matrix.py")
     assert module.config_kwargs("tree:8-16-16+10") == {"longspec_beam_widths": [8, 16, 16], "longspec_retrieval": 10}
     assert module.config_kwargs("tree:2") == {"longspec_beam_widths": [2], "longspec_retrieval": 0}
+    assert module.config_kwargs("tree:16-16@20+10") == {"longspec_beam_widths": [16, 16], "longspec_retrieval": 10,
+                                                          "longspec_tree_nodes": 20}
     assert module.config_kwargs("chain") == module.CONFIGS["chain"]
     for bad in ("tree:", "wide", "tree:8-"):
         with pytest.raises(ValueError, match="tree:W1-W2"):
@@ -293,6 +295,13 @@ def test_generate_command_compares_with_plain_greedy(saved_target, capsys):
     assert "tree [2, 2] (draft tokens per level)" in out
     assert re.search(r"LongSpec \d+\.\d\dx plain; (\(below 1: either few draft tokens were accepted, tau "
                      r"\d\.\d\d, or other work .*\); )?identical output: True", out), out
+
+
+def test_generate_command_verifies_the_best_tree_nodes(saved_target, capsys):
+    assert main(["generate", "--target", str(saved_target / "target"), "--prompt", "def add(a, b):",
+                 "--max-new-tokens", "12", "--tree", "2,2", "--tree-nodes", "3", "--device", "cpu"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "tree [2, 2] (draft tokens per level, best 3 verified)" in out and "identical output: True" in out, out
 
 
 def test_generate_command_says_when_no_drafting_ran(saved_target, capsys, monkeypatch):

@@ -62,6 +62,7 @@ MISTAKES = {
     "missing draft folder": (["generate", "--prompt", "hi", "--draft", "{tmp}/draft"], "--draft .*no folder"),
     "draft folder without config": (["generate", "--prompt", "hi", "--draft", "{tmp}"], "has no config.json"),
     "zero new tokens": (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    "zero tree nodes": (["generate", "--prompt", "hi", "--tree-nodes", "0"], "--tree-nodes must be >= 1"),
     "missing target": (["generate", "--prompt", "hi", "--target", "{tmp}/model"], "not a model folder, a .gguf"),
     "unknown command": (["serve"], "invalid choice: 'serve'"),
     # argparse reports a command's unknown option as the top-level program's ("longspec: error: ...")

@@ -8,7 +8,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from transformers_longspec import LongSpecDraft, static_step
 from transformers_longspec import generation as generation_module
-from transformers_longspec.tree import DraftTree, tree_layout
+from transformers_longspec.tree import DraftTree, best_nodes, tree_layout
 
 from tiny_models import make_target
 
@@ -170,6 +170,98 @@ def test_oracle_draft_accepts_deep_paths_and_matches_greedy(family, widths, stat
     lengths = draft.last_generation_stats.accepted_lengths
     assert max(lengths) == len(widths) + 1  # full-depth acceptance happened
     assert draft.last_generation_stats.tau > 2
+
+
+class _RankedOracle(_OracleTree):
+    """The oracle tree with scores that rank its accept-all chain (the last node of every depth) above every other
+    node, reranked to `nodes` drafted nodes by `best_nodes` as `grow_tree(nodes=...)` does: the kept tree is no
+    longer laid out depth by depth."""
+
+    def __call__(self, *args, nodes=None, **kwargs):
+        tree = super().__call__(*args, **kwargs)
+        _, ranges = tree_layout(self.widths)
+        cost = 1 + torch.rand(tree.size, generator=torch.Generator().manual_seed(tree.size))
+        cost[0] = 0
+        cost[[end - 1 for _, end in ranges[1:]]] = 0.01
+        tree.scores = -(tree.ancestors.float() @ cost)  # a child never scores above its parent
+        return tree if nodes is None or nodes >= tree.size - 1 else best_nodes(tree, nodes)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+@pytest.mark.parametrize("widths, nodes", [((4, 16, 16, 16, 16), 12), ((3, 2), 2)], ids=str)
+def test_tree_nodes_accept_deep_reranked_paths_and_match_greedy(family, widths, nodes, static, small_tail,
+                                                                 monkeypatch):
+    """`longspec_tree_nodes`: the verified tree is the best `nodes` of the grown one, nodes ordered by score rather
+    than by depth; the decode loop (eager and static) still accepts full-depth paths and emits plain greedy's ids."""
+    target = make_target(family)
+    draft = LongSpecDraft.from_target(target, beam_widths=list(widths))
+    ids = _prompt(7, 50)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=40)
+    oracle = _RankedOracle(plain[0], widths)
+    monkeypatch.setattr(generation_module, "grow_tree", oracle)
+    monkeypatch.setattr(static_step, "grow_tree", oracle)
+    spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=40,
+                           longspec_static_shapes=static, longspec_beam_widths=list(widths), longspec_tree_nodes=nodes)
+    assert torch.equal(plain, spec)
+    stats = draft.last_generation_stats
+    assert stats.tree_nodes == nodes and max(stats.accepted_lengths) == len(widths) + 1
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_tree_nodes_match_greedy(family, static, small_tail):
+    """A real (untrained) draft's trees reranked to 1, 20 and 67 of 68 nodes; 68 or more verifies the whole shape."""
+    target = make_target(family)
+    draft = LongSpecDraft.from_target(target, beam_widths=[4, 16, 16, 16, 16])
+    for nodes in (1, 20, 67, 68, 500):
+        for seed, length in [(0, 5), (2, 300)]:
+            ids = _prompt(seed, length)
+            plain, spec = _both(target, draft, ids, {"longspec_tree_nodes": nodes, "longspec_static_shapes": static},
+                                max_new_tokens=24)
+            assert torch.equal(plain, spec), (family, nodes, seed)
+        assert draft.last_generation_stats.tree_nodes == (nodes if nodes < 68 else None)
+        assert draft.last_generation_stats.beam_widths == (4, 16, 16, 16, 16)  # the draft's shape, no policy
+
+
+def test_compiled_step_with_tree_nodes_matches_greedy(small_tail):
+    """Reranking inside the compiled draft region (a stable sort and gathers, what a GPU step replays) with the
+    retrieval branch after the kept nodes."""
+    target = make_target("qwen2", num_hidden_layers=3)
+    draft = LongSpecDraft.from_target(target, beam_widths=[4, 4, 4])
+    options = {"longspec_static_shapes": True, "longspec_compile": True, "longspec_beam_widths": [6, 6, 6, 6],
+               "longspec_tree_nodes": 9, "longspec_retrieval": 6}
+    for seed, length in [(2, 60), (5, 90)]:
+        plain, spec = _both(target, draft, _prompt(seed, length), options, max_new_tokens=40)
+        assert torch.equal(plain, spec)
+    assert draft.last_generation_stats.tree_nodes == 9
+
+
+def test_best_nodes_keeps_the_highest_scoring_whole_paths(monkeypatch):
+    """Reranking real grown trees: the n kept drafted nodes carry the n highest scores of the tree, each comes after
+    its parent, and each keeps its path (tokens root → node) and score from the grown tree."""
+    target = make_target("qwen2")
+    draft = LongSpecDraft.from_target(target, beam_widths=[4, 16, 16, 16, 16])
+    grown, real = [], generation_module.grow_tree
+
+    def keep_grown(*args, **kwargs):
+        grown.append(real(*args, **kwargs))
+        return grown[-1]
+
+    monkeypatch.setattr(generation_module, "grow_tree", keep_grown)
+    target.generate(_prompt(3, 60), assistant_model=draft, do_sample=False, max_new_tokens=6,
+                    longspec_beam_widths=[4, 16, 16, 16, 16])
+    assert grown
+    for full in grown:
+        paths = {tuple(row[:int(d)].tolist()): float(score)
+                 for row, d, score in zip(full.path_tokens(), full.depths, full.scores, strict=True)}
+        for n in (1, 5, 30, 67):
+            kept = best_nodes(full, n)
+            assert kept.size == n + 1 and int(kept.depths[0]) == 0 and int(kept.parents[0]) == -1
+            assert torch.equal(kept.scores[1:].sort(descending=True).values,
+                               full.scores[1:].sort(descending=True).values[:n])
+            assert (kept.parents[1:] >= 0).all() and (kept.parents[1:] < torch.arange(1, n + 1)).all()
+            assert torch.equal(kept.depths[1:], kept.depths[kept.parents[1:]] + 1)
+            for row, d, score in zip(kept.path_tokens(), kept.depths, kept.scores, strict=True):
+                assert paths[tuple(row[:int(d)].tolist())] == float(score)
 
 
 def test_max_new_tokens_one_and_eos(family):

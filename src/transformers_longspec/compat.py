@@ -66,7 +66,7 @@ from .call_lock import clear_stats_unless_running
 ATTENTION_NAME = "longspec"
 PACKED_SDPA_NAME = "longspec_packed_sdpa"
 # per-call `generate(longspec_<name>=...)` options, passed to `longspec_tree_decode(<name>=...)`
-LONGSPEC_OPTIONS = ("beam_widths", "static_shapes", "compile", "retrieval", "draft_vocab")
+LONGSPEC_OPTIONS = ("beam_widths", "static_shapes", "compile", "retrieval", "draft_vocab", "tree_nodes")
 MODEL_TYPE = "longspec_draft"
 MIN_TRANSFORMERS = version.parse("5.17.0")
 _ORIGINALS: dict[str, object] = {}

@@ -57,6 +57,7 @@ class LongSpecStats:
         capture_steps, capture_s: steps that captured a CUDA graph pair (the first step in each new 512-token
             stretch of the context; on a process's first call it also compiles), and their seconds.
         beam_widths: the tree shape used. retrieval_tokens: length of the retrieval branch (0: none).
+        tree_nodes: drafted nodes verified per step when fewer than the shape's (`longspec_tree_nodes`), else None.
         draft_vocab_tokens: tokens the draft proposed from (its own vocabulary plus the prompt's tokens,
             `vocabulary.py`); 0 = the whole vocabulary.
         retrieval_accepted: drafted tokens accepted from the retrieval branch (the rest came from the draft's beams).
@@ -76,6 +77,7 @@ class LongSpecStats:
     total_s: float = 0.0
     beam_widths: tuple[int, ...] = ()
     retrieval_tokens: int = 0
+    tree_nodes: int | None = None
     draft_vocab_tokens: int = 0
     retrieval_accepted: int = 0
     draft_cache_bytes: int = 0
@@ -126,14 +128,16 @@ class LongSpecCandidateGenerator(CandidateGenerator):
         beam_widths: tree shape, beam width per depth.
         retrieval_tokens: length of the retrieval branch added to every tree (`retrieval.py`; 0: none).
         vocab: the draft's vocabulary for this call (`vocabulary.DraftVocabulary`, filled), or None.
+        tree_nodes: verify the root and the `tree_nodes` best drafted nodes of the grown tree (`tree.best_nodes`);
+            None: the whole tree.
 
     Reference: transformers `CandidateGenerator`; LongSpec §3.1, §3.3; prompt lookup decoding.
     """
 
     def __init__(self, draft, target_cache: LongSpecCache, beam_widths: tuple[int, ...], retrieval_tokens: int = 0,
-                 vocab: DraftVocabulary | None = None):
+                 vocab: DraftVocabulary | None = None, tree_nodes: int | None = None):
         self.draft, self.target_cache, self.beam_widths = draft, target_cache, beam_widths
-        self.retrieval_tokens, self.vocab = retrieval_tokens, vocab
+        self.retrieval_tokens, self.vocab, self.tree_nodes = retrieval_tokens, vocab, tree_nodes
         param = next(draft.parameters())
         c = draft.config
         self.ring = DraftRingCache(c.sliding_window, 1 + sum(beam_widths), c.num_key_value_heads, c.head_dim,
@@ -160,7 +164,7 @@ class LongSpecCandidateGenerator(CandidateGenerator):
         self._ring_end = root_position
         last = self.target_cache.layers[-1]
         tree = grow_tree(self.draft, self.ring, input_ids[0, -1:], root_position, last.keys, last.values,
-                         self.beam_widths, target_hidden=self.feature, vocab=self.vocab)
+                         self.beam_widths, target_hidden=self.feature, vocab=self.vocab, nodes=self.tree_nodes)
         if self.retrieval_tokens:
             chain = longest_match_continuation(input_ids[0], root_position, self.retrieval_tokens)
             tree = add_retrieval_branch(tree, *chain)
@@ -233,6 +237,27 @@ def resolve_draft_vocab(draft, generation_config: GenerationConfig, override=Non
     return value
 
 
+def resolve_tree_nodes(generation_config: GenerationConfig, override=None) -> int | None:
+    """Drafted nodes verified per step for this call: `generate(longspec_tree_nodes=...)` >
+    `generation_config.longspec_tree_nodes`, or None (every node of the tree shape). An int n >= 1 keeps the n best
+    nodes of the grown tree by cumulative draft log-probability (`tree.best_nodes`; a shape of n or fewer nodes is
+    verified whole). Raises ValueError for another value."""
+    value = override if override is not None else getattr(generation_config, "longspec_tree_nodes", None)
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"longspec_tree_nodes must be an int (drafted nodes verified per step) or None (the whole "
+                         f"tree), got {value!r}") from None
+    if value < 1:
+        raise ValueError(f"longspec_tree_nodes={value}: verify at least 1 drafted node, or pass "
+                         "longspec_beam_widths=[] to verify none (retrieval alone)")
+    return value
+
+
 def _default_tree(target, draft, widths, n_retrieval, prompt) -> tuple[tuple[int, ...], int, TreePolicy | None]:
     """(beam_widths, retrieval_tokens, the policy that chose them or None): a named tree is used as named (retrieval
     `DEFAULT_RETRIEVAL_TOKENS` unless named too); otherwise the draft's `tree_policy.TreePolicy` (kept on it, costs
@@ -262,6 +287,7 @@ def longspec_tree_decode(
     compile=None,
     retrieval=None,
     draft_vocab=None,
+    tree_nodes=None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Lossless LongSpec tree decoding for batch size 1 (called by the patched `generate`).
@@ -287,7 +313,12 @@ def longspec_tree_decode(
             prompt's tokens (`vocabulary.py`: its LM head reads a fraction of the rows); None (default) means True
             for a draft that has one (`config.draft_vocab_size > 0`); an int n keeps its n most frequent tokens
             (fewer rows, a cheaper draft step). Lossless either way.
-            All five options may also be set on the `GenerationConfig` (`longspec_compile=...`); the call wins.
+        tree_nodes: `generate(longspec_tree_nodes=...)`: grow the tree shape, then verify only its `tree_nodes` best
+            drafted nodes by cumulative draft log-probability (`tree.best_nodes`, EAGLE-2's reranking): deep where
+            the draft is confident, wide where it is not, at the verification cost of `tree_nodes + 1` tokens. Without
+            a named shape the candidates are the draft config's `beam_widths` (no tree policy). None (default):
+            every node of the shape.
+            All six options may also be set on the `GenerationConfig` (`longspec_compile=...`); the call wins.
         **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
     Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
     Raises: ValueError for what cannot be honoured (see `compat.check_generate_call`).
@@ -298,22 +329,27 @@ def longspec_tree_decode(
     widths, n_retrieval = resolve_beam_widths(draft, generation_config, beam_widths), resolve_retrieval(
         generation_config, retrieval)
     use_vocab = resolve_draft_vocab(draft, generation_config, draft_vocab)  # every option checked before any work
+    nodes = resolve_tree_nodes(generation_config, tree_nodes)
+    if nodes is not None and widths is None:  # reranking a named number of nodes: the largest shape, no policy
+        widths = validate_beam_widths(draft.config.beam_widths, draft.config.vocab_size)
     device = input_ids.device
     static_shapes, compile = _resolve_static_options(static_shapes, compile, generation_config, device)
     widths, n_retrieval, policy = _default_tree(target, draft, widths, n_retrieval, input_ids[0])
     use_vocab = use_vocab if widths else 0
-    stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths, retrieval_tokens=n_retrieval)
+    nodes = nodes if nodes is not None and nodes < sum(widths) else None
+    stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths, retrieval_tokens=n_retrieval,
+                          tree_nodes=nodes)
     draft.last_generation_stats = stats
     timer = _Timer(device)
     start = timer.now()
     capacity = initial_capacity(input_ids.shape[1], generation_config.max_length) + 1 + sum(widths) + n_retrieval
     if static_shapes:
-        drafter = _static_engine(target, draft, widths, n_retrieval, capacity, compile, use_vocab)
+        drafter = _static_engine(target, draft, widths, n_retrieval, capacity, compile, use_vocab, nodes)
         cache = drafter.start(input_ids)
     else:
         cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, capacity)
         vocab = DraftVocabulary.for_prompt(draft, input_ids[0], use_vocab) if use_vocab else None
-        drafter = LongSpecCandidateGenerator(draft, cache, widths, n_retrieval, vocab)
+        drafter = LongSpecCandidateGenerator(draft, cache, widths, n_retrieval, vocab, nodes)
     stats.draft_vocab_tokens = drafter.vocab.tokens if drafter.vocab is not None else 0
     logits = _prefill(target, drafter, input_ids, cache)
     scores = logits_processor(input_ids, logits.clone()) if logits_processor else logits
@@ -322,7 +358,7 @@ def longspec_tree_decode(
     output = _Output(input_ids, generation_config, stopping_criteria, streamer, stats)
     done = output.extend(new_tokens, logits, scores)
     stats.draft_cache_bytes = drafter.ring.nbytes()
-    draft_size = 1 + sum(widths)  # tree nodes at or past this index are the retrieval branch's
+    draft_size = 1 + (sum(widths) if nodes is None else nodes)  # nodes at or past this index: the retrieval branch
     from_retrieval = torch.zeros((), dtype=torch.long, device=device)  # summed on the device: no extra sync
     # greedy without processors or returned scores: acceptance and compaction run inside the step's graphs
     on_device = static_shapes and output.host_stop is not None and not (
@@ -453,15 +489,16 @@ def _resolve_static_options(static_shapes, compile, generation_config: Generatio
 
 
 def _static_engine(target, draft, widths, retrieval_tokens: int, capacity: int, compile: bool = False,
-                   draft_vocab: int = 0) -> StaticTreeStep:
-    """The draft's `StaticTreeStep` for this call, reused when it fits (same models, tree, compile flag, draft
-    vocabulary choice, enough capacity)."""
+                   draft_vocab: int = 0, tree_nodes: int | None = None) -> StaticTreeStep:
+    """The draft's `StaticTreeStep` for this call, reused when it fits (same models, tree and tree_nodes, compile
+    flag, draft vocabulary choice, enough capacity)."""
     engine = draft.__dict__.get("_static_step")
-    if engine is None or not engine.fits(target, draft, widths, capacity, compile, retrieval_tokens, draft_vocab):
+    if engine is None or not engine.fits(target, draft, widths, capacity, compile, retrieval_tokens, draft_vocab,
+                                         tree_nodes):
         draft.__dict__.pop("_static_step", None)  # free the old buffers before allocating new ones
         on_cuda = next(target.parameters()).device.type == "cuda"
         engine = StaticTreeStep(target, draft, widths, capacity, cuda_graphs=on_cuda, compile=compile,
-                                retrieval_tokens=retrieval_tokens, draft_vocab=draft_vocab)
+                                retrieval_tokens=retrieval_tokens, draft_vocab=draft_vocab, tree_nodes=tree_nodes)
         draft.__dict__["_static_step"] = engine
     return engine
 
@@ -564,4 +601,4 @@ def _host_stop_rule(stopping_criteria) -> _HostStop | None:
 
 
 __all__ = ["longspec_tree_decode", "LongSpecCandidateGenerator", "LongSpecStats", "resolve_beam_widths",
-           "resolve_draft_vocab", "resolve_retrieval"]
+    "resolve_tree_nodes", "resolve_draft_vocab", "resolve_retrieval"]

@@ -79,6 +79,8 @@ class StaticTreeStep:
         draft_vocab: n > 0: the draft proposes from the n most frequent tokens of its own vocabulary
             (`vocabulary.py`) and the prompt's, refilled per call by `start`; 0: from the whole vocabulary (the decode
             loop asks for a vocabulary only with a tree: retrieval alone never runs the draft).
+        tree_nodes: verify the root and the `tree_nodes` best drafted nodes of the grown tree (`tree.best_nodes`);
+            None: the whole tree.
 
     Buffers (all on the target's device): the target cache (`LongSpecCache`, capacity rows), the draft's ring
     cache, the sequence's tokens `(capacity,)` int64, and the committed length `(,)` int64.
@@ -88,7 +90,8 @@ class StaticTreeStep:
     """
 
     def __init__(self, target, draft, beam_widths: tuple[int, ...], capacity: int, cuda_graphs: bool,
-                 compile: bool = False, retrieval_tokens: int = 0, draft_vocab: int = 0):
+                 compile: bool = False, retrieval_tokens: int = 0, draft_vocab: int = 0,
+                 tree_nodes: int | None = None):
         device = next(target.parameters()).device
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA target, got one on {device}; use longspec_static_shapes=False "
@@ -96,9 +99,10 @@ class StaticTreeStep:
         self.target_ref, self.draft_ref = weakref.ref(target), weakref.ref(draft)
         self._weights = _weight_storage(target, draft)  # graphs read these buffers: new weights need new graphs
         self.beam_widths, self.cuda_graphs, self.device = tuple(beam_widths), cuda_graphs, device
-        self.retrieval_tokens = retrieval_tokens
+        self.retrieval_tokens, self.tree_nodes = retrieval_tokens, tree_nodes
         self.vocab = DraftVocabulary(draft, draft_vocab) if draft_vocab else None
-        self.tree_size, self.depth = 1 + sum(beam_widths) + retrieval_tokens, len(beam_widths)
+        drafted = sum(beam_widths) if tree_nodes is None else tree_nodes
+        self.tree_size, self.depth = 1 + drafted + retrieval_tokens, len(beam_widths)
         self.capacity = _round_up(capacity + TAIL + self.tree_size, CAPACITY_STEP)
         self.cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, self.capacity)
         self.cache.storage.dynamic_length = compile
@@ -128,10 +132,11 @@ class StaticTreeStep:
         self._draft_phase = _compile_draft_phase() if compile else draft_phase
 
     def fits(self, target, draft, beam_widths, capacity: int, compile: bool = False, retrieval_tokens: int = 0,
-             draft_vocab: int = 0) -> bool:
-        """True if this engine serves a call with these models, tree shape, retrieval branch, capacity (tokens),
-        compile flag and draft vocabulary choice."""
+             draft_vocab: int = 0, tree_nodes: int | None = None) -> bool:
+        """True if this engine serves a call with these models, tree shape (and `tree_nodes`), retrieval branch,
+        capacity (tokens), compile flag and draft vocabulary choice."""
         return (self.target_ref() is target and self.draft_ref() is draft and self.beam_widths == tuple(beam_widths)
+                and self.tree_nodes == tree_nodes
                 and self.compile == compile and self.retrieval_tokens == retrieval_tokens
                 and (self.vocab.frequent if self.vocab is not None else 0) == draft_vocab
                 and capacity + TAIL + self.tree_size <= self.capacity
@@ -329,7 +334,7 @@ class StaticTreeStep:
         keys, values = self.cache.layers[-1].rows(bucket + TAIL)  # marked dynamic when compiling: every bucket
         return self._draft_phase(self.draft_ref(), self.ring, self.tokens, self.committed, keys, values,
                                  self._tail < self.committed - bucket, self.feature, self.beam_widths,
-                                 self.retrieval_tokens, self.vocab)
+                                 self.retrieval_tokens, self.vocab, self.tree_nodes)
 
     def _verify(self, bucket: int, tree: DraftTree) -> torch.Tensor:
         """Static-shape verification forward; the tree's K/V land at rows bucket + TAIL ... (see module docstring).
@@ -395,7 +400,7 @@ class StaticTreeStep:
 
 def draft_phase(draft, ring: DraftRingCache, tokens: torch.Tensor, committed: torch.Tensor, target_keys, target_values,
                 tail_mask: torch.Tensor, feature, beam_widths: tuple[int, ...], retrieval_tokens: int,
-                vocab: DraftVocabulary | None = None) -> DraftTree:
+                vocab: DraftVocabulary | None = None, tree_nodes: int | None = None) -> DraftTree:
     """The draft side of one static-shape step, capturable (no host sync) and compiled as one region.
 
     Refreshes the ring with the last `depth + 1` committed tokens (idempotent: a one-layer draft's K/V depend only on
@@ -410,6 +415,7 @@ def draft_phase(draft, ring: DraftRingCache, tokens: torch.Tensor, committed: to
         tail_mask: (TAIL,) bool, which rows of the last block are committed. feature: (1, 1, hidden) or None.
         beam_widths: tree shape. retrieval_tokens: retrieval chain length (0: none).
         vocab: the draft's vocabulary for this call, or None (the whole vocabulary).
+        tree_nodes: drafted nodes kept of the grown tree (`tree.best_nodes`), or None (all).
     Returns: the `DraftTree` (static size).
     Reference: LongSpec §3.3; module docstring.
     """
@@ -417,7 +423,7 @@ def draft_phase(draft, ring: DraftRingCache, tokens: torch.Tensor, committed: to
         positions = (committed + torch.arange(-(len(beam_widths) + 1), 0, device=tokens.device)).clamp(min=0)
         ring.store_tokens(draft, tokens[positions], positions)
     tree = grow_tree(draft, ring, tokens[committed.view(1)], committed, target_keys, target_values, beam_widths,
-                     target_tail_mask=tail_mask, target_hidden=feature, vocab=vocab)
+                     target_tail_mask=tail_mask, target_hidden=feature, vocab=vocab, nodes=tree_nodes)
     if retrieval_tokens:
         tree = add_retrieval_branch(tree, *longest_match_continuation(tokens, committed, retrieval_tokens))
     return tree

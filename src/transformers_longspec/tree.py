@@ -6,8 +6,9 @@ Layout of a tree of `tree_size = 1 + sum(beam_widths)` nodes, flattened depth by
     depth:  0 |    1    |       2       | ...          root = the last committed token (the previous bonus)
 
 Every node's parent has a smaller index; nodes of one depth are sorted by cumulative draft log-probability. A
-retrieval chain (`retrieval.py`) may follow the draft's nodes, one node per depth 1, 2, ...; then the layout is no
-longer depth by depth, and code reads `depths` / `ancestors` rather than index ranges.
+retrieval chain (`retrieval.py`) may follow the draft's nodes, one node per depth 1, 2, ...; a tree reranked to its
+best nodes (`best_nodes`) is ordered by score instead. Neither is laid out depth by depth, so code reads `depths` /
+`ancestors` rather than index ranges.
 `ancestors[i, j]` is True iff node j lies on the path root → i (i itself included), which is exactly the
 tree part of the verification attention mask. A node at depth d sits at position `root_position + d`.
 
@@ -82,7 +83,7 @@ def _window_visible(ring: DraftRingCache, query_position: torch.Tensor) -> torch
 
 
 def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, target_keys, target_values,
-              beam_widths, target_tail_mask=None, target_hidden=None, vocab=None) -> DraftTree:
+              beam_widths, target_tail_mask=None, target_hidden=None, vocab=None, nodes=None) -> DraftTree:
     """Grow a draft tree from `root` by dynamic beam search over cumulative draft log-probability.
 
     Depth d keeps the `beam_widths[d-1]` best (parent, token) pairs among all children of depth d-1; a branch
@@ -101,8 +102,10 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
             root_position - 1 (the one that chose the root; then its feature layers' outputs there), read by every
             level of a draft with `config.target_hidden_input`; else None.
         vocab: a `vocabulary.DraftVocabulary` the draft proposes from (None: the whole vocabulary).
-    Returns: `DraftTree` on the draft's device.
-    Reference: LongSpec §3.3.
+        nodes: keep only the root and the `nodes` best drafted nodes of the grown tree (`best_nodes`); None, or
+            `nodes >= sum(beam_widths)`: the whole tree.
+    Returns: `DraftTree` on the draft's device, `1 + sum(beam_widths)` nodes (`1 + nodes` with `nodes`).
+    Reference: LongSpec §3.3; EAGLE-2 §4.3 (`nodes`).
     """
     device = root.device
     _, ranges = tree_layout(beam_widths)
@@ -130,10 +133,36 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
         # (index_copy_ rather than `ancestors[a:b] |= ...`: the same values; inductor's CPU code for the latter fails)
         new_rows = torch.arange(new_start, new_end, device=device)
         ancestors.index_copy_(0, new_rows, ancestors[new_start:new_end] | ancestors[parent])
+    tree = DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores)
+    if nodes is not None and nodes < size - 1:
+        tree = best_nodes(tree, nodes)
     # a vocabulary with fewer tokens than a level's width fills it with padding slots (score -inf, all token 0):
     # dead, so the siblings that may be accepted stay distinct (sampling's rule)
-    alive = torch.isfinite(scores) if vocab is not None else None
-    return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores, alive=alive)
+    tree.alive = torch.isfinite(tree.scores) if vocab is not None else None
+    return tree
+
+
+def best_nodes(tree: DraftTree, nodes: int) -> DraftTree:
+    """The root and the `nodes` drafted nodes of highest cumulative draft log-probability, as a tree of their own.
+
+    A node's score is its parent's plus a log-probability (<= 0), so a parent never ranks below its child: sorting by
+    score (ties: the smaller index, i.e. the parent, first) keeps every kept node's path whole, and the kept nodes
+    come out root first, each after its parent. The tree then goes deep where the draft is confident and stays wide
+    where it is not, for the same verification size (`nodes + 1` tokens) as a fixed shape.
+
+    Args:
+        tree: a draft tree of `size` nodes (`grow_tree`: depth by depth; no retrieval branch; `alive` unset).
+        nodes: drafted nodes to keep, 1 <= nodes < size.
+    Returns: a `DraftTree` of `nodes + 1` nodes (static size: no host sync, capturable).
+    Reference: EAGLE-2 (Li et al. 2024, arXiv 2406.16858) §4.3, reranking the expanded draft tree.
+    """
+    order = torch.sort(-tree.scores[1:], stable=True).indices[:nodes] + 1
+    keep = torch.cat([order.new_zeros(1), order])
+    new_index = torch.full_like(tree.parents, -1)
+    new_index[keep] = torch.arange(nodes + 1, device=keep.device)
+    parents = tree.parents[keep]
+    return DraftTree(tokens=tree.tokens[keep], parents=torch.where(parents < 0, -1, new_index[parents.clamp(min=0)]),
+                     depths=tree.depths[keep], ancestors=tree.ancestors[keep][:, keep], scores=tree.scores[keep])
 
 
 def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_keys, target_values, tail_mask,
@@ -158,4 +187,4 @@ def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_ke
     return logits[0], bias
 
 
-__all__ = ["DraftTree", "tree_layout", "grow_tree"]
+__all__ = ["DraftTree", "tree_layout", "grow_tree", "best_nodes"]

@@ -44,6 +44,7 @@ class GenerateArgs:
     chat: bool = False
     max_new_tokens: int = 128
     tree: str | None = None
+    tree_nodes: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
     compare: bool = True
@@ -86,6 +87,8 @@ def _check_before_loading(args: GenerateArgs, default_text: str | None) -> list[
     """Every mistake that can be seen before a model loads (loading takes a while); returns the parsed --tree."""
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.tree_nodes is not None and args.tree_nodes < 1:
+        raise ValueError(f"--tree-nodes must be >= 1 (drafted nodes verified per step), got {args.tree_nodes}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda, but this torch sees no CUDA device; use --device cpu")
     if args.prompt_file and Path(args.prompt_file).is_dir():
@@ -127,13 +130,17 @@ def run_generate(args: GenerateArgs, default_text: str | None = None) -> None:
     ids = _prompt_ids(args, tokenizer, default_text).to(args.device)
     # no --tree: the draft's default-tree policy picks the shape from this device's measured costs (tree_policy.py)
     extra = {} if widths is None else {"longspec_beam_widths": widths}
+    if args.tree_nodes is not None:
+        extra["longspec_tree_nodes"] = args.tree_nodes
     print(f"prompt: {ids.shape[1]} tokens; generating {args.max_new_tokens} with LongSpec ...\n", file=sys.stderr)
     out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=args.max_new_tokens,
                           streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True), **extra)
     stats = draft.last_generation_stats
+    kept = f", best {stats.tree_nodes} verified" if stats.tree_nodes else ""
     print(f"\nLongSpec: {stats.new_tokens} tokens, tau {stats.tau:.2f} (mean tokens per target forward), "
           f"{stats.decode_tokens_per_s:.1f} tokens/s decode (prefill excluded), tree {list(stats.beam_widths)} (draft "
-          f"tokens per level), retrieval branch {stats.retrieval_tokens} tokens ({stats.retrieval_accepted} accepted)")
+          f"tokens per level{kept}), retrieval branch {stats.retrieval_tokens} tokens ({stats.retrieval_accepted} "
+          "accepted)")
     if args.compare:
         clock = _DecodeClock()
         plain = target.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens, streamer=clock)
@@ -166,6 +173,10 @@ def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
                    "4,16,16,16,16, or 'none' (the root alone, and the retrieval branch) (default: the shape of "
                    "highest predicted speed on this device, chosen from measured costs up to the draft's own; on a "
                    "CPU, where every node costs compute, a small tree or none)")
+    p.add_argument("--tree-nodes", type=int, metavar="N",
+                   help="grow the tree (--tree, else the draft's own shape), then verify only its N best drafted "
+                   "nodes by the draft's cumulative log-probability: deep where the draft is confident, wide where it "
+                   "is not, for the cost of N + 1 verified tokens (default: every node)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                    help="where to run (default: cuda when available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
