@@ -78,6 +78,7 @@ CASES = {
     "zero tree nodes": (dict(longspec_tree_nodes=0), "verify at least 1 drafted node"),
     "tree nodes as a string": (dict(longspec_tree_nodes="68"), "longspec_tree_nodes must be an int"),
     "tree nodes as a boolean": (dict(longspec_tree_nodes=True), "longspec_tree_nodes must be an int"),
+    "tree nodes without a tree": (dict(longspec_beam_widths=[], longspec_tree_nodes=5), "there is no draft tree"),
     "attentions": (dict(output_attentions=True, return_dict_in_generate=True), "output_attentions"),
     "hidden states": (dict(output_hidden_states=True, return_dict_in_generate=True), "output_hidden_states"),
     "prompt lookup": (dict(prompt_lookup_num_tokens=3), "prompt_lookup_num_tokens"),

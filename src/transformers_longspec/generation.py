@@ -330,6 +330,9 @@ def longspec_tree_decode(
         generation_config, retrieval)
     use_vocab = resolve_draft_vocab(draft, generation_config, draft_vocab)  # every option checked before any work
     nodes = resolve_tree_nodes(generation_config, tree_nodes)
+    if nodes is not None and widths == ():
+        raise ValueError(f"longspec_tree_nodes={nodes} with longspec_beam_widths=[]: there is no draft tree to keep "
+                         "nodes of; drop longspec_tree_nodes (retrieval alone) or name a tree shape")
     if nodes is not None and widths is None:  # reranking a named number of nodes: the largest shape, no policy
         widths = validate_beam_widths(draft.config.beam_widths, draft.config.vocab_size)
     device = input_ids.device
