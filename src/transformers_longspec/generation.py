@@ -604,4 +604,4 @@ def _host_stop_rule(stopping_criteria) -> _HostStop | None:
 
 
 __all__ = ["longspec_tree_decode", "LongSpecCandidateGenerator", "LongSpecStats", "resolve_beam_widths",
-    "resolve_tree_nodes", "resolve_draft_vocab", "resolve_retrieval"]
+           "resolve_tree_nodes", "resolve_draft_vocab", "resolve_retrieval"]

@@ -105,7 +105,7 @@ def grow_tree(draft, ring: DraftRingCache, root: torch.Tensor, root_position, ta
         nodes: keep only the root and the `nodes` best drafted nodes of the grown tree (`best_nodes`); None, or
             `nodes >= sum(beam_widths)`: the whole tree.
     Returns: `DraftTree` on the draft's device, `1 + sum(beam_widths)` nodes (`1 + nodes` with `nodes`).
-    Reference: LongSpec §3.3; EAGLE-2 §4.3 (`nodes`).
+    Reference: LongSpec §3.3; EAGLE-2 (arXiv 2406.16858), its reranking phase (`nodes`).
     """
     device = root.device
     _, ranges = tree_layout(beam_widths)
@@ -154,7 +154,7 @@ def best_nodes(tree: DraftTree, nodes: int) -> DraftTree:
         tree: a draft tree of `size` nodes (`grow_tree`: depth by depth; no retrieval branch; `alive` unset).
         nodes: drafted nodes to keep, 1 <= nodes < size.
     Returns: a `DraftTree` of `nodes + 1` nodes (static size: no host sync, capturable).
-    Reference: EAGLE-2 (Li et al. 2024, arXiv 2406.16858) §4.3, reranking the expanded draft tree.
+    Reference: EAGLE-2 (Li et al. 2024, arXiv 2406.16858), the reranking phase of its dynamic draft tree.
     """
     order = torch.sort(-tree.scores[1:], stable=True).indices[:nodes] + 1
     keep = torch.cat([order.new_zeros(1), order])
