@@ -154,6 +154,13 @@ def test_compile_failure_falls_back_with_a_warning(small_tail, monkeypatch):
     assert all("forward" not in vars(m) for m in target.modules()) and "step" not in vars(draft)
 
 
+def _generate_with_oracle(target, draft, ids, oracle, monkeypatch, **options):
+    """40 greedy tokens with `oracle` growing every tree (the eager and the static-shape decode loops alike)."""
+    monkeypatch.setattr(generation_module, "grow_tree", oracle)
+    monkeypatch.setattr(static_step, "grow_tree", oracle)
+    return target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=40, **options)
+
+
 @pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
 @pytest.mark.parametrize("widths", [(4, 16, 16, 16, 16), (1, 1, 1), (3, 2)], ids=str)
 def test_oracle_draft_accepts_deep_paths_and_matches_greedy(family, widths, static, small_tail, monkeypatch):
@@ -161,11 +168,8 @@ def test_oracle_draft_accepts_deep_paths_and_matches_greedy(family, widths, stat
     draft = LongSpecDraft.from_target(target, beam_widths=list(widths))
     ids = _prompt(7, 50)
     plain = target.generate(ids, do_sample=False, max_new_tokens=40)
-    oracle = _OracleTree(plain[0], widths)
-    monkeypatch.setattr(generation_module, "grow_tree", oracle)
-    monkeypatch.setattr(static_step, "grow_tree", oracle)
-    spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=40,
-                           longspec_static_shapes=static)
+    spec = _generate_with_oracle(target, draft, ids, _OracleTree(plain[0], widths), monkeypatch,
+                                 longspec_static_shapes=static)
     assert torch.equal(plain, spec)
     lengths = draft.last_generation_stats.accepted_lengths
     assert max(lengths) == len(widths) + 1  # full-depth acceptance happened
@@ -197,11 +201,9 @@ def test_tree_nodes_accept_deep_reranked_paths_and_match_greedy(family, widths, 
     draft = LongSpecDraft.from_target(target, beam_widths=list(widths))
     ids = _prompt(7, 50)
     plain = target.generate(ids, do_sample=False, max_new_tokens=40)
-    oracle = _RankedOracle(plain[0], widths)
-    monkeypatch.setattr(generation_module, "grow_tree", oracle)
-    monkeypatch.setattr(static_step, "grow_tree", oracle)
-    spec = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=40,
-                           longspec_static_shapes=static, longspec_beam_widths=list(widths), longspec_tree_nodes=nodes)
+    spec = _generate_with_oracle(target, draft, ids, _RankedOracle(plain[0], widths), monkeypatch,
+                                 longspec_static_shapes=static, longspec_beam_widths=list(widths),
+                                 longspec_tree_nodes=nodes)
     assert torch.equal(plain, spec)
     stats = draft.last_generation_stats
     assert stats.tree_nodes == nodes and max(stats.accepted_lengths) == len(widths) + 1

@@ -4,7 +4,7 @@ inference is the one training feeds, and the trainer learns from it."""
 import numpy as np
 import pytest
 import torch
-from test_generation_exact import _OracleTree, _prompt
+from test_generation_exact import _generate_with_oracle, _OracleTree, _prompt
 
 from transformers_longspec import LongSpecDraft, static_step
 from transformers_longspec import generation as generation_module
@@ -87,10 +87,8 @@ def test_each_tree_reads_the_state_that_chose_its_root(static, layers, small_tai
         return real(*args, target_hidden=target_hidden, **kwargs)
 
     real = generation_module.grow_tree
-    monkeypatch.setattr(generation_module, "grow_tree", spy)
-    monkeypatch.setattr(static_step, "grow_tree", spy)
-    out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=40,
-                          longspec_beam_widths=list(widths), longspec_static_shapes=static, longspec_retrieval=0)
+    out = _generate_with_oracle(target, draft, ids, spy, monkeypatch, longspec_beam_widths=list(widths),
+                                longspec_static_shapes=static, longspec_retrieval=0)
     assert torch.equal(out[0], continuation)
     assert max(draft.last_generation_stats.accepted_lengths) == len(widths) + 1  # deep paths were accepted
     hidden = _target_states(target, out, layers)
