@@ -55,8 +55,9 @@ DEEP='longspec_deep_tree=longspec:{"longspec_beam_widths": [4, 8, 8, 8, 8, 8, 8]
 # vocabulary and with the whole vocabulary (its τ cost and draft time side by side); the default with the draft's
 # 16,384 most frequent tokens only (and the fixed tree so: issue 13's five-level draft time); the fixed tree with a
 # first level of 8 (issue 12: the target's token is in the draft's top 4 far more often than its top 1); the fixed tree
-# with a 24-token retrieval chain; the 68 best nodes of an eight-level (six-level) tree of 16 per level with retrieval
-# (as many verified tokens as the fixed tree: `longspec_tree_nodes`, tree.best_nodes); retrieval alone; the engine
+# with a 24-token retrieval chain; the 68 best nodes of an eight-level (six-level, five-level) tree of 16 per level with
+# retrieval (as many verified tokens as the fixed tree: `longspec_tree_nodes`, tree.best_nodes; five levels: as many
+# draft forwards as the fixed tree); retrieval alone; the engine
 # verifying the root alone (plain decoding through LongSpec)
 RETRIEVAL=(--variant 'longspec_tree=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 10}'
   --variant 'longspec_noretr=longspec:{"longspec_beam_widths": [4, 16, 16, 16, 16], "longspec_retrieval": 0}'
@@ -70,6 +71,8 @@ RETRIEVAL=(--variant 'longspec_tree=longspec:{"longspec_beam_widths": [4, 16, 16
   --variant 'longspec_ranked=longspec:{"longspec_beam_widths": [16, 16, 16, 16, 16, 16, 16, 16],
     "longspec_tree_nodes": 68, "longspec_retrieval": 10}'
   --variant 'longspec_ranked6=longspec:{"longspec_beam_widths": [16, 16, 16, 16, 16, 16], "longspec_tree_nodes": 68,
+    "longspec_retrieval": 10}'
+  --variant 'longspec_ranked5=longspec:{"longspec_beam_widths": [16, 16, 16, 16, 16], "longspec_tree_nodes": 68,
     "longspec_retrieval": 10}'
   --variant 'retrieval_only=longspec:{"longspec_beam_widths": [], "longspec_retrieval": 10}'
   --variant 'engine_plain=longspec:{"longspec_beam_widths": [], "longspec_retrieval": 0}')

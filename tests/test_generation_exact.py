@@ -169,7 +169,7 @@ def test_oracle_draft_accepts_deep_paths_and_matches_greedy(family, widths, stat
     ids = _prompt(7, 50)
     plain = target.generate(ids, do_sample=False, max_new_tokens=40)
     spec = _generate_with_oracle(target, draft, ids, _OracleTree(plain[0], widths), monkeypatch,
-                                 longspec_static_shapes=static)
+                                 longspec_static_shapes=static, longspec_beam_widths=list(widths))
     assert torch.equal(plain, spec)
     lengths = draft.last_generation_stats.accepted_lengths
     assert max(lengths) == len(widths) + 1  # full-depth acceptance happened

@@ -31,19 +31,54 @@ def test_expected_tau_grows_with_acceptance_and_width():
     assert math.isnan(acceptance_from_tau((), 1.0))
 
 
+def test_reranked_tau_keeps_the_most_probable_paths():
+    """The path-probability model by hand: at p = 0.5 the draft's second choice (q2 = F(2) - p = 0.125) is less
+    probable than two first choices in a row (0.25), so the best 2 of `(2, 2)` are the chain; at p = 0.2 (q2 = 0.070,
+    two first choices 0.04) they are the two first-depth choices. Reranking never predicts less than the shape whole
+    at the same verified size, and `acceptance_from_tau` inverts it."""
+    q2 = (1 - 0.5 ** math.sqrt(2)) - 0.5
+    assert expected_tau((2, 2), 0.5) == pytest.approx(1 + 0.5 + q2 + 0.25 + 0.5 * q2)
+    assert expected_tau((2, 2), 0.5, nodes=2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tau((2, 2), 0.2, nodes=2) == pytest.approx(1 + (1 - 0.8 ** math.sqrt(2)))
+    assert expected_tau((2, 2), 0.5, nodes=4) == expected_tau((2, 2), 0.5)
+    grown, nodes = tree_policy.reranked(DEFAULT)
+    assert (grown, nodes) == ((16,) * 5, 68) and tree_policy.reranked((4, 4, 4, 4)) is None
+    for p in (0.2, 0.45, 0.7):
+        assert expected_tau(grown, p, nodes=nodes) > expected_tau(DEFAULT, p)
+        assert acceptance_from_tau(grown, expected_tau(grown, p, nodes=nodes), nodes=nodes) == pytest.approx(p)
+
+
+def test_reranked_variant_where_growing_it_costs_little():
+    """GPU-like costs (a verification of any size one plain step, the draft 1% per depth whatever its width): the
+    reranked variant of the largest tree verifies as many tokens with more of them accepted, and wins. CPU-like costs
+    (each drafted token a third of a plain step): growing 80 nodes to verify 68 does not pay."""
+    target = make_target("llama")
+    draft = LongSpecDraft.from_target(target, init_from_target=False)
+    key = (id(target), torch.device("cpu"), torch.float32)
+    gpu = TreePolicy(DEFAULT)
+    assert set(gpu.shapes) == set(gpu.candidates) | {(8, 8, 8, 8), (16,) * 5}
+    gpu.costs[key] = TreeCosts(verify={1: 1.0, 160: 1.0}, draft={w: 0.01 * len(w) for w in gpu.shapes if w})
+    assert gpu.choose(target, draft, (0, 10)) == ((16,) * 5, 10, 68)
+    gpu.observe((16,) * 5, 10, [3] * 10, 0, nodes=68)  # the acceptance is learnt through the reranked tree's model
+    assert expected_tau((16,) * 5, gpu.acceptance, nodes=68) < expected_tau((16,) * 5, 0.5, nodes=68)
+    cpu = TreePolicy(DEFAULT)
+    cpu.costs[key] = linear_costs(target, draft, cpu.shapes)
+    assert cpu.choose(target, draft, (0,))[2] is None
+
+
 def test_choice_follows_the_costs():
     target = make_target("llama")
     draft = LongSpecDraft.from_target(target, init_from_target=False)
     policy = TreePolicy(DEFAULT)
     policy.costs[(id(target), torch.device("cpu"), torch.float32)] = linear_costs(target, draft, policy.candidates)
-    widths, retrieval = policy.choose(target, draft, (0, 10))
-    assert sum(widths) <= 3 and retrieval == 0  # every extra token costs a plain step: small or no tree
+    widths, retrieval, nodes = policy.choose(target, draft, (0, 10))
+    assert sum(widths) <= 3 and retrieval == 0 and nodes is None  # each extra token a plain step: small or no tree
     policy.acceptance = 0.05  # a draft that is almost never right: plain decoding through the engine
-    assert policy.choose(target, draft, (0, 10)) == ((), 0)
+    assert policy.choose(target, draft, (0, 10)) == ((), 0, None)
     flat = TreePolicy(DEFAULT)
     flat.costs = {k: TreeCosts(verify={1: 1.0, 160: 1.0}, draft={w: 0.01 * len(w) for w in flat.candidates if w})
                   for k in policy.costs}
-    assert flat.choose(target, draft, (0, 10)) == (DEFAULT, 10)  # free verification: the largest tree, retrieval on
+    assert flat.choose(target, draft, (0, 10)) == (DEFAULT, 10, None)  # free verification: the largest, retrieval on
 
 
 def test_the_previous_choice_stays_unless_another_is_clearly_faster():
@@ -66,7 +101,7 @@ def test_the_previous_choice_stays_unless_another_is_clearly_faster():
     assert policy.predicted_speedup(other, 0, costs) > policy.predicted_speedup(first[0], 0, costs)
     assert policy.choose(target, draft, (0,)) == first
     make_faster(other, 1.2)
-    assert policy.choose(target, draft, (0,)) == (other, 0)
+    assert policy.choose(target, draft, (0,)) == (other, 0, None)
 
 
 def test_the_prompt_decides_the_retrieval_branch():
@@ -100,21 +135,21 @@ def test_the_prompt_decides_the_retrieval_length():
     policy.costs[(id(target), torch.device("cpu"), torch.float32)] = TreeCosts(
         verify={1: 1.0, 32: 1.05, 160: 1.5}, draft={w: 0.5 * len(w) for w in policy.candidates if w})
     long_repeats = torch.arange(300).repeat(4)
-    assert policy.choose(target, draft, (0, 10, 24), long_repeats) == ((), 24)
+    assert policy.choose(target, draft, (0, 10, 24), long_repeats) == ((), 24, None)
     assert policy.prompt_gain[24] > 2 * policy.prompt_gain[10] > 14
     g = torch.Generator().manual_seed(0)
     runs = [torch.cat([torch.arange(4), torch.randint(100, 10_000, (8,), generator=g)]) for _ in range(100)]
     short_repeats = torch.cat(runs)  # "0 1 2 3" then 8 random tokens, 100 times: a match predicts 0..3 only
     policy._last = None
-    assert policy.choose(target, draft, (0, 10, 24), short_repeats) == ((), 10)
+    assert policy.choose(target, draft, (0, 10, 24), short_repeats) == ((), 10, None)
     assert policy.prompt_gain[24] == policy.prompt_gain[10] > 0
     policy._last = None
-    assert policy.choose(target, draft, (0, 10, 24), torch.arange(1200)) == ((), 0)
+    assert policy.choose(target, draft, (0, 10, 24), torch.arange(1200)) == ((), 0, None)
     cpu = TreePolicy(DEFAULT)  # CPU-like (11 tokens ~2.8 plain steps, 25 ~4.9): the long chain is not weighed
     cpu.acceptance = 0.05
     cpu.costs = {k: TreeCosts(verify={1: 1.0, 2: 1.4, 32: 6.0, 160: 40.0}, draft=policy.costs[k].draft)
                  for k in policy.costs}
-    assert cpu.choose(target, draft, (0, 10, 24), long_repeats) == ((), 10)
+    assert cpu.choose(target, draft, (0, 10, 24), long_repeats) == ((), 10, None)
 
 
 def test_observe_learns_acceptance_and_retrieval_gain():
@@ -138,7 +173,7 @@ def test_observed_step_times_calibrate_the_drafts_cost():
     policy = TreePolicy(DEFAULT)
     policy.costs[(id(target), torch.device("cpu"), torch.float32)] = TreeCosts(
         verify={1: 1.0, 160: 1.0}, draft={w: 0.6 * len(w) for w in policy.candidates if w})
-    small, _ = policy.choose(target, draft, (0,))
+    small, _, _ = policy.choose(target, draft, (0,))
     assert len(small) < len(DEFAULT)
     for _ in range(8):  # measured: draft 3.0 vs verification 1.0 per step; observed: 0.3 vs 1.0
         policy.observe(DEFAULT, 0, [2] * 10, 0, draft_s=0.3 * 10, verify_s=1.0 * 10)
@@ -157,15 +192,23 @@ def test_measured_costs_on_a_real_target():
     assert costs.verify_s(64) == pytest.approx((costs.verify[32] + costs.verify[96]) / 2)
 
 
-def test_default_tree_call_reports_its_shape_and_is_exact(family, monkeypatch):
-    monkeypatch.setattr(tree_policy, "measure_costs", linear_costs)
+@pytest.mark.parametrize("costs", ["cpu-like", "gpu-like"])
+def test_default_tree_call_reports_its_shape_and_is_exact(family, costs, monkeypatch):
+    """A call naming no tree equals plain greedy and reports the policy's choice: under CPU-like costs a small tree
+    without retrieval; under GPU-like costs (conftest) the reranked variant of the draft's largest shape. A named tree
+    is used as named."""
+    if costs == "cpu-like":
+        monkeypatch.setattr(tree_policy, "measure_costs", linear_costs)
     target = make_target(family)
     draft = LongSpecDraft.from_target(target, init_from_target=False)
     ids = torch.randint(3, 99, (1, 30), generator=torch.Generator().manual_seed(5))
     out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=12)
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=12))
     stats = draft.last_generation_stats
-    assert sum(stats.beam_widths) <= 3 and stats.retrieval_tokens == 0
+    if costs == "cpu-like":
+        assert sum(stats.beam_widths) <= 3 and stats.retrieval_tokens == 0 and stats.tree_nodes is None
+    else:
+        assert (stats.beam_widths, stats.tree_nodes) == tree_policy.reranked(tuple(draft.config.beam_widths))
     named = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=12,
                             longspec_beam_widths=[2, 2])
     assert torch.equal(named, out) and draft.last_generation_stats.beam_widths == (2, 2)
@@ -200,8 +243,8 @@ def test_a_measurement_under_load_does_not_lock_in_plain_decoding(monkeypatch):
     draft = LongSpecDraft.from_target(target, init_from_target=False)
     policy = TreePolicy(DEFAULT)
     choices = [policy.choose(target, draft, (0,)) for _ in range(tree_policy.PROBE_EVERY)]
-    assert choices == [((), 0)] * tree_policy.PROBE_EVERY and len(measured) == 1
-    widths, _ = policy.choose(target, draft, (0,))
+    assert choices == [((), 0, None)] * tree_policy.PROBE_EVERY and len(measured) == 1
+    widths, _, _ = policy.choose(target, draft, (0,))
     assert widths and len(measured) == 2
     key = (id(target), torch.device("cpu"), torch.float32)
     assert policy.costs[key].verify == quiet_costs(target, draft, policy.candidates).verify  # the fastest of both
@@ -227,8 +270,8 @@ def test_probes_relearn_the_acceptance_on_the_empty_tree(monkeypatch):
     def calls(policy, n, accepted_per_token):  # n simulated calls of 10 steps; returns the shapes chosen
         shapes = []
         for _ in range(n):
-            widths, retrieval = policy.choose(target, draft, (0,))
-            policy.observe(widths, retrieval, [1 + accepted_per_token * len(widths)] * 10, 0)
+            widths, retrieval, nodes = policy.choose(target, draft, (0,))
+            policy.observe(widths, retrieval, [1 + accepted_per_token * len(widths)] * 10, 0, nodes=nodes)
             shapes.append(widths)
         return shapes
 
@@ -246,7 +289,7 @@ def test_probes_relearn_the_acceptance_on_the_empty_tree(monkeypatch):
         else:
             shapes = calls(policy, 40, 0)
             assert [i for i, w in enumerate(shapes) if w] == [4, 13, 30]  # every 4, then 8, then 16 plain calls
-            assert {w for w in shapes if w} == {(1,)} and policy._last == ((), 0)
+            assert {w for w in shapes if w} == {(1,)} and policy._last == ((), 0, None)
 
 
 def test_default_tree_recovers_from_a_measurement_under_load_and_stays_exact(monkeypatch):

@@ -258,13 +258,15 @@ def resolve_tree_nodes(generation_config: GenerationConfig, override=None) -> in
     return value
 
 
-def _default_tree(target, draft, widths, n_retrieval, prompt) -> tuple[tuple[int, ...], int, TreePolicy | None]:
-    """(beam_widths, retrieval_tokens, the policy that chose them or None): a named tree is used as named (retrieval
-    `DEFAULT_RETRIEVAL_TOKENS` unless named too); otherwise the draft's `tree_policy.TreePolicy` (kept on it, costs
-    measured on first use) picks the shape of highest predicted speed on this device, and the retrieval length too
-    when the call names none (its gain estimated on `prompt`, (length,) int64)."""
+def _default_tree(target, draft, widths, n_retrieval, nodes,
+                  prompt) -> tuple[tuple[int, ...], int, int | None, TreePolicy | None]:
+    """(beam_widths, retrieval_tokens, tree_nodes, the policy that chose them or None): a named tree is used as named
+    (retrieval `DEFAULT_RETRIEVAL_TOKENS` unless named too, `nodes` as named); otherwise the draft's
+    `tree_policy.TreePolicy` (kept on it, costs measured on first use) picks the shape of highest predicted speed on
+    this device, whole or reranked, and the retrieval length too when the call names none (its gain estimated on
+    `prompt`, (length,) int64)."""
     if widths is not None:
-        return widths, DEFAULT_RETRIEVAL_TOKENS if n_retrieval is None else n_retrieval, None
+        return widths, DEFAULT_RETRIEVAL_TOKENS if n_retrieval is None else n_retrieval, nodes, None
     largest = validate_beam_widths(draft.config.beam_widths, draft.config.vocab_size)
     policy = draft.__dict__.get("_tree_policy")
     if policy is None or policy.largest != largest:
@@ -317,7 +319,8 @@ def longspec_tree_decode(
             drafted nodes by cumulative draft log-probability (`tree.best_nodes`, EAGLE-2's reranking): deep where
             the draft is confident, wide where it is not, at the verification cost of `tree_nodes + 1` tokens. Without
             a named shape the candidates are the draft config's `beam_widths` (no tree policy). None (default):
-            every node of the shape.
+            every node of a named shape; with no shape named the tree policy may choose a reranked variant of one
+            (`tree_policy.reranked`), reported in `LongSpecStats.tree_nodes`.
             All six options may also be set on the `GenerationConfig` (`longspec_compile=...`); the call wins.
         **model_kwargs: from `generate` (attention_mask, past_key_values, use_cache, ...).
     Returns: (1, prompt_len + new) int64, or `GenerateDecoderOnlyOutput` with `return_dict_in_generate=True`.
@@ -337,7 +340,7 @@ def longspec_tree_decode(
         widths = validate_beam_widths(draft.config.beam_widths, draft.config.vocab_size)
     device = input_ids.device
     static_shapes, compile = _resolve_static_options(static_shapes, compile, generation_config, device)
-    widths, n_retrieval, policy = _default_tree(target, draft, widths, n_retrieval, input_ids[0])
+    widths, n_retrieval, nodes, policy = _default_tree(target, draft, widths, n_retrieval, nodes, input_ids[0])
     use_vocab = use_vocab if widths else 0
     nodes = nodes if nodes is not None and nodes < sum(widths) else None
     stats = LongSpecStats(prompt_tokens=input_ids.shape[1], beam_widths=widths, retrieval_tokens=n_retrieval,
@@ -384,7 +387,7 @@ def longspec_tree_decode(
     stats.retrieval_accepted = int(from_retrieval)
     if policy is not None:
         policy.observe(widths, n_retrieval, stats.accepted_lengths, stats.retrieval_accepted, stats.draft_s,
-                       stats.verify_s)
+                       stats.verify_s, nodes)
     stats.total_s = timer.now() - start
     return output.result(None if static_shapes else cache)
 

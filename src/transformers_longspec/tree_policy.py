@@ -4,7 +4,9 @@ When a call names no tree (`longspec_beam_widths` unset on the call and on the `
 asks `TreePolicy.choose` for one. Predicted speed over plain decoding, for a shape of widths w_1..w_D and a
 retrieval branch of R tokens:
 
-      speed = τ̂ / (c_draft(w) + c_verify(1 + Σw + R)),      costs in units of one plain decode step c_verify(1)
+      speed = τ̂ / (c_draft(w) + c_verify(1 + N + R)),      costs in units of one plain decode step c_verify(1)
+
+with N = Σw drafted nodes verified, or fewer for a reranked tree (below).
 
 * c_verify(T): seconds of one target forward over T tokens, measured once per (target, device, dtype) at the first
   call (a few forwards at T = 1 ... 128, interpolated). On a GPU it is nearly flat up to ~100 tokens; on a CPU it
@@ -14,10 +16,14 @@ retrieval branch of R tokens:
   with static shapes the draft runs as one replayed CUDA graph, relatively much cheaper than an eager draft next to an
   eager verification. After each call, the draft's seconds per step over the verification's, as measured inside the
   decode loop, divided by the same ratio from the measured costs, scales every c_draft (`draft_scale`).
-* τ̂ = 1 + Σ_d Π_{i<=d} a_i + g: depth d of the tree holds the target's token with probability a_d = 1 − (1 − p)^√b_d,
-  b_d = max(1, w_d / w_{d−1}) candidates per parent (more candidates, diminishing returns); p is the draft's
-  top-1 acceptance, g the tokens per step the retrieval branch adds. p starts from a prior (0.5) and follows what
-  the draft achieved in earlier calls of the process (by inverting τ̂ for the shape used). g is estimated per prompt
+* τ̂ = 1 + Σ over the verified drafted nodes of the probability that the target accepts the node's whole path, + g.
+  The target's next token is among the draft's b best with probability F(b) = 1 − (1 − p)^√b (more candidates,
+  diminishing returns), so the draft's i-th choice is it with probability q_i = F(i) − F(i − 1), at every depth; a
+  path's probability is the product of its choices' q. Depth d keeps the w_d most probable paths among the children
+  of depth d − 1, as `tree.grow_tree`'s beam does (for chains and shapes of one child per parent this is
+  1 + Σ_d Π_{i<=d} F(b_i)). p is the draft's top-1 acceptance, g the tokens per step the retrieval branch adds. p
+  starts from a prior (0.5) and follows what the draft achieved in earlier calls of the process (by inverting τ̂ for
+  the shape used). g is estimated per prompt
   and per chain length R (none, 10 or 24 tokens when the call names no length: `retrieval.POLICY_RETRIEVAL_TOKENS`;
   24 only where the verification is flat in its token count, `LONG_CHAIN_FLATNESS`):
   the chain the retrieval branch would have proposed at positions inside the prompt, against the tokens that really
@@ -27,8 +33,13 @@ retrieval branch of R tokens:
 
 The candidates are `LADDER` (chains and small trees up to the default) and the draft's own `beam_widths`; the empty
 tree (plain decoding through the engine, speed 1 + g / ...) is always one, so the default never predicts slower
-than plain decoding. The choice is reported in `LongSpecStats.beam_widths` / `retrieval_tokens`. A model here, not a
-guarantee: every shape is exact, only the speed depends on it.
+than plain decoding. Each shape whose depths differ in width also has a reranked variant (`reranked`): every depth
+as wide as the widest, then only the Σw most probable drafted nodes verified (`tree.best_nodes`, EAGLE-2's reranking
+by the draft's cumulative log-probability, which the model reads as the paths' probabilities): as many verified
+tokens, more of them where the draft is confident, for the cost of growing the wider shape (on a GPU about the
+same; on a CPU, where every drafted token costs, more). The choice is reported in `LongSpecStats.beam_widths` /
+`tree_nodes` / `retrieval_tokens`. A model here, not a guarantee: every shape is exact, only the speed depends on
+it.
 
 The empty tree would otherwise be final: it neither drafts (no acceptance evidence) nor measures again, so one
 measurement taken under load (a busy 2-core CPU: every point best of three, yet all three slow) or a few early
@@ -39,11 +50,13 @@ acceptance again. The interval doubles after each probe that leaves the empty tr
 calls), so a device where plain decoding truly wins pays rarely; a probe call reports the probed shape.
 
 Reference: LongSpec (arXiv 2502.17421) §3.3 (dynamic trees); the cost model of tree-size selection in Sequoia
-(Chen et al. 2024) and SpecInfer, in simplified form.
+(Chen et al. 2024) and SpecInfer, in simplified form; EAGLE-2 (arXiv 2406.16858): a drafted node's acceptance
+follows its cumulative draft probability, and its reranking phase.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -67,26 +80,42 @@ PROBE_EVERY, PROBE_EVERY_MAX = 4, 64
 _VERIFY_POINTS = (1, 2, 8, 32, 96, 160)  # tokens per measured target forward (on a CPU 2 already costs ~1.4x 1)
 
 
-def expected_tau(widths, p: float, retrieval_gain: float = 0.0) -> float:
-    """τ̂ of a tree shape for top-1 acceptance `p` in [0, 1] plus the retrieval branch's gain (tokens per step)."""
-    tau, reach, parents = 1.0, 1.0, 1
-    for w in widths:
-        per_parent = max(1.0, w / parents)
-        reach *= 1.0 - (1.0 - p) ** math.sqrt(per_parent)
-        tau += reach
-        parents = w
-    return tau + retrieval_gain
+def expected_tau(widths, p: float, retrieval_gain: float = 0.0, nodes: int | None = None) -> float:
+    """τ̂ of a tree shape for top-1 acceptance `p` in [0, 1] plus the retrieval branch's gain (tokens per step): 1 +
+    the summed probabilities of the drafted paths kept (module docstring). `nodes`: only that many of the most
+    probable drafted nodes are verified (a reranked tree, `tree.best_nodes`); None: all of them."""
+    if not widths:
+        return 1.0 + retrieval_gain
+    tops = [1.0 - (1.0 - p) ** math.sqrt(b) for b in range(max(widths) + 1)]  # F(b): the target's token in the top b
+    choice = [high - low for low, high in zip(tops, tops[1:])]  # q_i: the draft's i-th choice is the target's token
+    level, kept = [1.0], []
+    for w in widths:  # the beam: depth d keeps the w most probable paths among the children of depth d - 1
+        level = heapq.nlargest(w, (path * q for path in level for q in choice[:w]))
+        kept += level
+    if nodes is not None:  # a child is never more probable than its parent: the kept nodes form whole paths
+        kept = heapq.nlargest(nodes, kept)
+    return 1.0 + sum(kept) + retrieval_gain
 
 
-def acceptance_from_tau(widths, tau: float, retrieval_gain: float = 0.0) -> float:
-    """The p for which `expected_tau(widths, p, retrieval_gain)` equals `tau` (bisection; clipped to [0.01, 0.99])."""
+def acceptance_from_tau(widths, tau: float, retrieval_gain: float = 0.0, nodes: int | None = None) -> float:
+    """The p for which `expected_tau(widths, p, retrieval_gain, nodes)` equals `tau` (bisection; clipped to
+    [0.01, 0.99])."""
     if not widths:
         return math.nan
     low, high = 0.01, 0.99
     for _ in range(40):
         mid = (low + high) / 2
-        low, high = (mid, high) if expected_tau(widths, mid, retrieval_gain) < tau else (low, mid)
+        low, high = (mid, high) if expected_tau(widths, mid, retrieval_gain, nodes) < tau else (low, mid)
     return (low + high) / 2
+
+
+def reranked(widths) -> tuple[tuple[int, ...], int] | None:
+    """(grown shape, nodes): the reranked variant of a tree shape, every depth as wide as its widest and its
+    `sum(widths)` best drafted nodes verified (as many tokens as the shape); None where the widths are all equal
+    (the variant would be the shape itself). Reference: EAGLE-2 (arXiv 2406.16858), its reranking phase."""
+    if len(set(widths)) < 2:
+        return None
+    return (max(widths),) * len(widths), sum(widths)
 
 
 @dataclass
@@ -163,6 +192,8 @@ class TreePolicy:
     Args:
         largest: the draft config's `beam_widths`, a candidate beside `LADDER` (shapes wider than it are dropped).
 
+    Attributes: `candidates`, the shapes verified whole; `variants`, {shape: (grown shape, nodes)} for those with a
+    reranked variant (`reranked`); `shapes`, every shape the draft grows (the draft costs measured).
     Reference: module docstring.
     """
 
@@ -170,6 +201,8 @@ class TreePolicy:
         self.largest = tuple(largest)
         self.candidates = tuple(dict.fromkeys(
             [w for w in LADDER if len(w) <= len(largest) and sum(w) <= sum(largest)] + [tuple(largest)]))
+        self.variants = {w: reranked(w) for w in self.candidates if reranked(w)}
+        self.shapes = tuple(dict.fromkeys([*self.candidates, *(grown for grown, _ in self.variants.values())]))
         self.costs: dict[tuple, TreeCosts] = {}
         self.acceptance, self.retrieval_gain = PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN
         self.retrieval_scale = 1.0  # gain observed while generating over the prompt's own estimate (calls so far)
@@ -185,16 +218,18 @@ class TreePolicy:
             return self.retrieval_gain
         return self.retrieval_scale * self.prompt_gain[retrieval_tokens]
 
-    def predicted_speedup(self, widths, retrieval_tokens: int, costs: TreeCosts) -> float:
-        """τ̂ × (plain step seconds) / (draft + verification seconds) for a shape and a retrieval length."""
+    def predicted_speedup(self, widths, retrieval_tokens: int, costs: TreeCosts, nodes: int | None = None) -> float:
+        """τ̂ × (plain step seconds) / (draft + verification seconds) for a shape (its `nodes` best drafted nodes
+        verified; None: all) and a retrieval length."""
         gain = self.expected_gain(retrieval_tokens) if retrieval_tokens else 0.0
         draft_s = self.draft_scale * costs.draft.get(tuple(widths), 0.0)
-        step = draft_s + costs.verify_s(1 + sum(widths) + retrieval_tokens)
-        return expected_tau(widths, self.acceptance, gain) * costs.verify_s(1) / step
+        step = draft_s + costs.verify_s(_verified(widths, nodes) + retrieval_tokens)
+        return expected_tau(widths, self.acceptance, gain, nodes) * costs.verify_s(1) / step
 
     def choose(self, target, draft, retrieval_options,
-               prompt: torch.Tensor | None = None) -> tuple[tuple[int, ...], int]:
-        """(beam_widths, retrieval_tokens) with the highest predicted speed-up; measures costs on first use. The
+               prompt: torch.Tensor | None = None) -> tuple[tuple[int, ...], int, int | None]:
+        """(beam_widths, retrieval_tokens, tree_nodes) with the highest predicted speed-up, tree_nodes None for the
+        whole shape or the drafted nodes a reranked variant verifies; measures costs on first use. The
         previous call's choice is kept unless another is predicted `SWITCH_GAIN` times faster: a new shape costs a new
         compiled draft phase and new graphs, and estimates move a little with every call. After `PROBE_EVERY` (then
         doubling) calls in a row on the empty tree the costs are measured again (`TreeCosts.fastest`) and, if the
@@ -213,14 +248,16 @@ class TreePolicy:
         key = (id(target), param.device, param.dtype)
         probe = key in self.costs and self._plain_calls >= self._probe_every
         if key not in self.costs:
-            self.costs[key] = measure_costs(target, draft, self.candidates)
+            self.costs[key] = measure_costs(target, draft, self.shapes)
         elif probe:  # the empty tree for a while: measure again, in case the earlier measurement ran under load
-            self.costs[key] = self.costs[key].fastest(measure_costs(target, draft, self.candidates))
+            self.costs[key] = self.costs[key].fastest(measure_costs(target, draft, self.shapes))
         self._key = key
         shortest = min(lengths, default=0)
-        options = [(w, r) for w in self.candidates for r in retrieval_options
-                   if r <= shortest or self._verify_flat(w, shortest, r)]
-        speed = {o: self.predicted_speedup(o[0], o[1], self.costs[key]) for o in options}
+        trees = [(w, None) for w in self.candidates] + [  # reranked variants whose grown shape has a measured cost
+            variant for variant in self.variants.values() if variant[0] in self.costs[key].draft]
+        options = [(w, r, n) for w, n in trees for r in retrieval_options
+                   if r <= shortest or self._verify_flat(_verified(w, n), shortest, r)]
+        speed = {o: self.predicted_speedup(o[0], o[1], self.costs[key], o[2]) for o in options}
         best = max(options, key=speed.get)
         if self._last in speed and speed[best] < SWITCH_GAIN * speed[self._last]:
             best = self._last
@@ -229,33 +266,35 @@ class TreePolicy:
             self._plain_calls, self._probe_every = 0, PROBE_EVERY
         elif probe:  # still the empty tree: one call with the chain of one, for `observe` to learn the acceptance
             self._plain_calls, self._probe_every = 0, min(2 * self._probe_every, PROBE_EVERY_MAX)
-            return next((w for w in self.candidates if w), ()), best[1]
+            return next((w for w in self.candidates if w), ()), best[1], None
         else:
             self._plain_calls += 1
         return best
 
-    def _verify_flat(self, widths, shorter: int, longer: int) -> bool:
-        """Whether verifying `widths` with a `longer` retrieval chain costs at most `LONG_CHAIN_FLATNESS` times the
-        same tree with a `shorter` one (the gate on long chains: see that constant)."""
-        costs, base = self.costs[self._key], 1 + sum(widths)
-        return costs.verify_s(base + longer) <= LONG_CHAIN_FLATNESS * costs.verify_s(base + shorter)
+    def _verify_flat(self, tree_tokens: int, shorter: int, longer: int) -> bool:
+        """Whether verifying a tree of `tree_tokens` tokens with a `longer` retrieval chain costs at most
+        `LONG_CHAIN_FLATNESS` times the same tree with a `shorter` one (the gate on long chains: see that constant)."""
+        costs = self.costs[self._key]
+        return costs.verify_s(tree_tokens + longer) <= LONG_CHAIN_FLATNESS * costs.verify_s(tree_tokens + shorter)
 
-    def calibrate(self, widths, retrieval_tokens: int, draft_s: float, verify_s: float) -> None:
+    def calibrate(self, widths, retrieval_tokens: int, draft_s: float, verify_s: float,
+                  nodes: int | None = None) -> None:
         """Move `draft_scale` halfway to (observed draft / verification seconds) / (the same ratio from the measured
         costs) for the shape a call used (no-op without both times or without costs for that shape)."""
         costs = self.costs.get(self._key)
         if widths and costs is not None and tuple(widths) in costs.draft and draft_s > 0 and verify_s > 0:
-            measured = costs.draft[tuple(widths)] / costs.verify_s(1 + sum(widths) + retrieval_tokens)
+            measured = costs.draft[tuple(widths)] / costs.verify_s(_verified(widths, nodes) + retrieval_tokens)
             self.draft_scale = 0.5 * self.draft_scale + 0.5 * (draft_s / verify_s) / measured
 
     def observe(self, widths, retrieval_tokens: int, accepted_lengths, retrieval_accepted: int,
-                draft_s: float = 0.0, verify_s: float = 0.0) -> None:
+                draft_s: float = 0.0, verify_s: float = 0.0, nodes: int | None = None) -> None:
         """Update the acceptance estimates and the draft's cost scale from a finished call (half weight to the new
-        call; >= 4 steps). `draft_s` / `verify_s`: the call's seconds in the draft and the verification phases."""
+        call; >= 4 steps). `draft_s` / `verify_s`: the call's seconds in the draft and the verification phases;
+        `nodes`: the drafted nodes it verified of a reranked tree (None: the whole shape)."""
         steps = len(accepted_lengths)
         if steps < 4:
             return
-        self.calibrate(widths, retrieval_tokens, draft_s, verify_s)
+        self.calibrate(widths, retrieval_tokens, draft_s, verify_s, nodes)
         gain = retrieval_accepted / steps
         if retrieval_tokens:
             self.retrieval_gain = 0.5 * self.retrieval_gain + 0.5 * gain
@@ -265,7 +304,12 @@ class TreePolicy:
                 self.retrieval_scale = 0.5 * self.retrieval_scale + 0.5 * ratio
         if widths:
             tau = sum(accepted_lengths) / steps
-            self.acceptance = 0.5 * self.acceptance + 0.5 * acceptance_from_tau(widths, tau, gain)
+            self.acceptance = 0.5 * self.acceptance + 0.5 * acceptance_from_tau(widths, tau, gain, nodes)
 
 
-__all__ = ["LADDER", "TreeCosts", "TreePolicy", "acceptance_from_tau", "expected_tau", "measure_costs"]
+def _verified(widths, nodes: int | None) -> int:
+    """Tokens of the verified tree: the root and every drafted node, or `nodes` of them (a reranked tree)."""
+    return 1 + (sum(widths) if nodes is None else min(nodes, sum(widths)))
+
+
+__all__ = ["LADDER", "TreeCosts", "TreePolicy", "acceptance_from_tau", "expected_tau", "measure_costs", "reranked"]
