@@ -43,6 +43,10 @@ def test_reranked_tau_keeps_the_most_probable_paths():
     assert expected_tau((2, 2), 0.5, nodes=4) == expected_tau((2, 2), 0.5)
     grown, nodes = tree_policy.reranked(DEFAULT)
     assert (grown, nodes) == ((16,) * 5, 68) and tree_policy.reranked((4, 4, 4, 4)) is None
+    assert tree_policy.reranked((2, 16), vocab_size=12) is None  # a first depth of 16 cannot be grown from 12 tokens
+    assert TreePolicy((2, 16), vocab_size=12).variants == {}
+    with pytest.raises(ValueError, match="probability"):
+        expected_tau(DEFAULT, 1.5)
     for p in (0.2, 0.45, 0.7):
         assert expected_tau(grown, p, nodes=nodes) > expected_tau(DEFAULT, p)
         assert acceptance_from_tau(grown, expected_tau(grown, p, nodes=nodes), nodes=nodes) == pytest.approx(p)
@@ -64,6 +68,17 @@ def test_reranked_variant_where_growing_it_costs_little():
     cpu = TreePolicy(DEFAULT)
     cpu.costs[key] = linear_costs(target, draft, cpu.shapes)
     assert cpu.choose(target, draft, (0,))[2] is None
+
+
+def test_a_vocabulary_narrower_than_the_variant_keeps_the_shapes_that_fit():
+    """A 12-token vocabulary and a draft shape `[2, 16]` (depth 2 may hold 2 x 12 pairs): the reranked variant would
+    need 16 tokens at depth 1, so the policy leaves it out and the call stays exact."""
+    target = make_target("llama", vocab_size=12)
+    draft = LongSpecDraft.from_target(target, init_from_target=False, beam_widths=[2, 16])
+    ids = torch.randint(3, 12, (1, 20), generator=torch.Generator().manual_seed(3))
+    out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=10)
+    assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=10))
+    assert draft.last_generation_stats.tree_nodes is None
 
 
 def test_choice_follows_the_costs():

@@ -57,7 +57,8 @@ class LongSpecStats:
         capture_steps, capture_s: steps that captured a CUDA graph pair (the first step in each new 512-token
             stretch of the context; on a process's first call it also compiles), and their seconds.
         beam_widths: the tree shape used. retrieval_tokens: length of the retrieval branch (0: none).
-        tree_nodes: drafted nodes verified per step when fewer than the shape's (`longspec_tree_nodes`), else None.
+        tree_nodes: drafted nodes verified per step when fewer than the shape's (`longspec_tree_nodes`, or the tree
+            policy's reranked variant), else None.
         draft_vocab_tokens: tokens the draft proposed from (its own vocabulary plus the prompt's tokens,
             `vocabulary.py`); 0 = the whole vocabulary.
         retrieval_accepted: drafted tokens accepted from the retrieval branch (the rest came from the draft's beams).
@@ -270,7 +271,7 @@ def _default_tree(target, draft, widths, n_retrieval, nodes,
     largest = validate_beam_widths(draft.config.beam_widths, draft.config.vocab_size)
     policy = draft.__dict__.get("_tree_policy")
     if policy is None or policy.largest != largest:
-        policy = draft.__dict__["_tree_policy"] = TreePolicy(largest)
+        policy = draft.__dict__["_tree_policy"] = TreePolicy(largest, draft.config.vocab_size)
     options = (0, *POLICY_RETRIEVAL_TOKENS) if n_retrieval is None else (n_retrieval,)
     return (*policy.choose(target, draft, options, prompt), policy)
 

@@ -20,8 +20,9 @@ with N = Σw drafted nodes verified, or fewer for a reranked tree (below).
   The target's next token is among the draft's b best with probability F(b) = 1 − (1 − p)^√b (more candidates,
   diminishing returns), so the draft's i-th choice is it with probability q_i = F(i) − F(i − 1), at every depth; a
   path's probability is the product of its choices' q. Depth d keeps the w_d most probable paths among the children
-  of depth d − 1, as `tree.grow_tree`'s beam does (for chains and shapes of one child per parent this is
-  1 + Σ_d Π_{i<=d} F(b_i)). p is the draft's top-1 acceptance, g the tokens per step the retrieval branch adds. p
+  of depth d − 1, as `tree.grow_tree`'s beam does (for a chain this is 1 + Σ_d p^d; a wider shape counts every path
+  the global beam keeps, e.g. `(4, 4, 4, 4)` at p = 0.5: 2.49, where one best child per parent would give 2.41). p
+  is the draft's top-1 acceptance, g the tokens per step the retrieval branch adds. p
   starts from a prior (0.5) and follows what the draft achieved in earlier calls of the process (by inverting τ̂ for
   the shape used). g is estimated per prompt
   and per chain length R (none, 10 or 24 tokens when the call names no length: `retrieval.POLICY_RETRIEVAL_TOKENS`;
@@ -83,7 +84,11 @@ _VERIFY_POINTS = (1, 2, 8, 32, 96, 160)  # tokens per measured target forward (o
 def expected_tau(widths, p: float, retrieval_gain: float = 0.0, nodes: int | None = None) -> float:
     """τ̂ of a tree shape for top-1 acceptance `p` in [0, 1] plus the retrieval branch's gain (tokens per step): 1 +
     the summed probabilities of the drafted paths kept (module docstring). `nodes`: only that many of the most
-    probable drafted nodes are verified (a reranked tree, `tree.best_nodes`); None: all of them."""
+    probable drafted nodes are verified (a reranked tree, `tree.best_nodes`); None: all of them.
+
+    Returns: τ̂ >= 1 (tokens per target forward). Raises: ValueError for `p` outside [0, 1]."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p={p}: the draft's top-1 acceptance is a probability in [0, 1]")
     if not widths:
         return 1.0 + retrieval_gain
     tops = [1.0 - (1.0 - p) ** math.sqrt(b) for b in range(max(widths) + 1)]  # F(b): the target's token in the top b
@@ -109,11 +114,12 @@ def acceptance_from_tau(widths, tau: float, retrieval_gain: float = 0.0, nodes: 
     return (low + high) / 2
 
 
-def reranked(widths) -> tuple[tuple[int, ...], int] | None:
+def reranked(widths, vocab_size: int | None = None) -> tuple[tuple[int, ...], int] | None:
     """(grown shape, nodes): the reranked variant of a tree shape, every depth as wide as its widest and its
     `sum(widths)` best drafted nodes verified (as many tokens as the shape); None where the widths are all equal
-    (the variant would be the shape itself). Reference: EAGLE-2 (arXiv 2406.16858), its reranking phase."""
-    if len(set(widths)) < 2:
+    (the variant would be the shape itself) or the widest is wider than `vocab_size` (its first depth could not be
+    grown). Reference: EAGLE-2 (arXiv 2406.16858), its reranking phase."""
+    if len(set(widths)) < 2 or (vocab_size is not None and max(widths) > vocab_size):
         return None
     return (max(widths),) * len(widths), sum(widths)
 
@@ -146,6 +152,8 @@ class TreeCosts:
 def measure_costs(target, draft, candidates) -> TreeCosts:
     """Time target forwards over `_VERIFY_POINTS` tokens and the draft growing each candidate tree (best of three
     passes), with the models' own device and dtype. Cost: 18 target forwards of <= 160 tokens, 3 growths per tree.
+    A reranked variant's selection of its best nodes (`tree.best_nodes`) is not timed: the calls' own draft times
+    cover it (`TreePolicy.calibrate`).
 
     Returns: `TreeCosts` in seconds.
     """
@@ -190,18 +198,20 @@ class TreePolicy:
     """Chooses the default tree for one draft (kept on it) and learns its acceptance from finished calls.
 
     Args:
-        largest: the draft config's `beam_widths`, a candidate beside `LADDER` (shapes wider than it are dropped).
+        largest: the draft config's `beam_widths`, a candidate beside `LADDER` (ladder shapes deeper or with more
+            nodes are dropped; a reranked variant grows more nodes than its shape but verifies as many).
+        vocab_size: the target's vocabulary (tokens), which bounds the reranked variants' widths; None: no bound.
 
     Attributes: `candidates`, the shapes verified whole; `variants`, {shape: (grown shape, nodes)} for those with a
     reranked variant (`reranked`); `shapes`, every shape the draft grows (the draft costs measured).
     Reference: module docstring.
     """
 
-    def __init__(self, largest):
+    def __init__(self, largest, vocab_size: int | None = None):
         self.largest = tuple(largest)
         self.candidates = tuple(dict.fromkeys(
             [w for w in LADDER if len(w) <= len(largest) and sum(w) <= sum(largest)] + [tuple(largest)]))
-        self.variants = {w: reranked(w) for w in self.candidates if reranked(w)}
+        self.variants = {w: reranked(w, vocab_size) for w in self.candidates if reranked(w, vocab_size)}
         self.shapes = tuple(dict.fromkeys([*self.candidates, *(grown for grown, _ in self.variants.values())]))
         self.costs: dict[tuple, TreeCosts] = {}
         self.acceptance, self.retrieval_gain = PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN
@@ -280,7 +290,8 @@ class TreePolicy:
     def calibrate(self, widths, retrieval_tokens: int, draft_s: float, verify_s: float,
                   nodes: int | None = None) -> None:
         """Move `draft_scale` halfway to (observed draft / verification seconds) / (the same ratio from the measured
-        costs) for the shape a call used (no-op without both times or without costs for that shape)."""
+        costs) for the shape a call used, `nodes` of it verified (None: all; no-op without both times or without
+        costs for that shape)."""
         costs = self.costs.get(self._key)
         if widths and costs is not None and tuple(widths) in costs.draft and draft_s > 0 and verify_s > 0:
             measured = costs.draft[tuple(widths)] / costs.verify_s(_verified(widths, nodes) + retrieval_tokens)

@@ -171,8 +171,9 @@ def _add_generate_options(p: argparse.ArgumentParser, demo: bool) -> None:
     p.add_argument("--tree", metavar="WIDTHS",
                    help="draft tree shape: how many candidates to keep at each depth, comma-separated, e.g. "
                    "4,16,16,16,16, or 'none' (the root alone, and the retrieval branch) (default: the shape of "
-                   "highest predicted speed on this device, chosen from measured costs up to the draft's own; on a "
-                   "CPU, where every node costs compute, a small tree or none)")
+                   "highest predicted speed on this device, chosen from measured costs up to the draft's own, whole "
+                   "or reranked as with --tree-nodes; on a CPU, where every node costs compute, a small tree or "
+                   "none)")
     p.add_argument("--tree-nodes", type=int, metavar="N",
                    help="grow the tree (--tree, else the draft's own shape), then verify only its N best drafted "
                    "nodes by the draft's cumulative log-probability: deep where the draft is confident, wide where it "
