@@ -34,7 +34,7 @@ from .retrieval import (
     validate_retrieval_tokens,
 )
 from .static_step import StaticTreeStep, StepClock
-from .tree import DraftTree, grow_tree
+from .tree import DraftTree, grow_tree, kept_size
 from .tree_policy import TreePolicy
 from .verification import Acceptance, accept, choose_next_tokens, process_tree_logits, verify_tree
 from .vocabulary import DraftVocabulary
@@ -365,7 +365,7 @@ def longspec_tree_decode(
     output = _Output(input_ids, generation_config, stopping_criteria, streamer, stats)
     done = output.extend(new_tokens, logits, scores)
     stats.draft_cache_bytes = drafter.ring.nbytes()
-    draft_size = 1 + (sum(widths) if nodes is None else nodes)  # nodes at or past this index: the retrieval branch
+    draft_size = kept_size(widths, nodes)  # tree nodes at or past this index: the retrieval branch
     from_retrieval = torch.zeros((), dtype=torch.long, device=device)  # summed on the device: no extra sync
     # greedy without processors or returned scores: acceptance and compaction run inside the step's graphs
     on_device = static_shapes and output.host_stop is not None and not (

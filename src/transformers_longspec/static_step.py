@@ -52,7 +52,7 @@ import torch._dynamo
 from . import compat
 from .cache import DraftRingCache, LongSpecCache, _round_up
 from .retrieval import add_retrieval_branch, longest_match_continuation
-from .tree import DraftTree, grow_tree
+from .tree import DraftTree, grow_tree, kept_size
 from .verification import deepest_accepted
 from .vocabulary import DraftVocabulary
 
@@ -101,8 +101,7 @@ class StaticTreeStep:
         self.beam_widths, self.cuda_graphs, self.device = tuple(beam_widths), cuda_graphs, device
         self.retrieval_tokens, self.tree_nodes = retrieval_tokens, tree_nodes
         self.vocab = DraftVocabulary(draft, draft_vocab) if draft_vocab else None
-        drafted = sum(beam_widths) if tree_nodes is None else tree_nodes
-        self.tree_size, self.depth = 1 + drafted + retrieval_tokens, len(beam_widths)
+        self.tree_size, self.depth = kept_size(beam_widths, tree_nodes) + retrieval_tokens, len(beam_widths)
         self.capacity = _round_up(capacity + TAIL + self.tree_size, CAPACITY_STEP)
         self.cache = LongSpecCache(target.config.get_text_config().num_hidden_layers, self.capacity)
         self.cache.storage.dynamic_length = compile

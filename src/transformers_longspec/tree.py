@@ -76,6 +76,14 @@ def tree_layout(beam_widths) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     return depths, ranges
 
 
+def kept_size(beam_widths, nodes: int | None = None) -> int:
+    """Nodes of the tree `grow_tree(..., beam_widths, nodes=nodes)` returns: the root and every drafted node, or the
+    root and the `nodes` best (`best_nodes`; `nodes >= sum(beam_widths)` keeps them all). Before any retrieval
+    branch (`retrieval.add_retrieval_branch`) follows them."""
+    drafted = sum(beam_widths)
+    return 1 + (drafted if nodes is None else min(nodes, drafted))
+
+
 def _window_visible(ring: DraftRingCache, query_position: torch.Tensor) -> torch.Tensor:
     """(window,) bool: ring slots a query at `query_position` sees (filled, inside its sliding window)."""
     pos = ring.ring_positions
@@ -187,4 +195,4 @@ def _draft_level(draft, ring, tokens, ancestors, start, end, position, target_ke
     return logits[0], bias
 
 
-__all__ = ["DraftTree", "tree_layout", "grow_tree", "best_nodes"]
+__all__ = ["DraftTree", "tree_layout", "grow_tree", "best_nodes", "kept_size"]

@@ -66,7 +66,7 @@ import torch
 
 from .cache import DraftRingCache
 from .retrieval import prompt_retrieval_gains
-from .tree import grow_tree
+from .tree import grow_tree, kept_size
 
 LADDER = ((), (1,), (1, 1), (1, 1, 1), (2, 2, 2), (2, 2, 2, 2), (4, 4, 4, 4), (4, 8, 8, 8), (4, 16, 16, 16, 16))
 PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN = 0.5, 0.2
@@ -211,7 +211,7 @@ class TreePolicy:
         self.largest = tuple(largest)
         self.candidates = tuple(dict.fromkeys(
             [w for w in LADDER if len(w) <= len(largest) and sum(w) <= sum(largest)] + [tuple(largest)]))
-        self.variants = {w: reranked(w, vocab_size) for w in self.candidates if reranked(w, vocab_size)}
+        self.variants = {w: variant for w in self.candidates if (variant := reranked(w, vocab_size))}
         self.shapes = tuple(dict.fromkeys([*self.candidates, *(grown for grown, _ in self.variants.values())]))
         self.costs: dict[tuple, TreeCosts] = {}
         self.acceptance, self.retrieval_gain = PRIOR_ACCEPTANCE, PRIOR_RETRIEVAL_GAIN
@@ -233,7 +233,7 @@ class TreePolicy:
         verified; None: all) and a retrieval length."""
         gain = self.expected_gain(retrieval_tokens) if retrieval_tokens else 0.0
         draft_s = self.draft_scale * costs.draft.get(tuple(widths), 0.0)
-        step = draft_s + costs.verify_s(_verified(widths, nodes) + retrieval_tokens)
+        step = draft_s + costs.verify_s(kept_size(widths, nodes) + retrieval_tokens)
         return expected_tau(widths, self.acceptance, gain, nodes) * costs.verify_s(1) / step
 
     def choose(self, target, draft, retrieval_options,
@@ -266,7 +266,7 @@ class TreePolicy:
         trees = [(w, None) for w in self.candidates] + [  # reranked variants whose grown shape has a measured cost
             variant for variant in self.variants.values() if variant[0] in self.costs[key].draft]
         options = [(w, r, n) for w, n in trees for r in retrieval_options
-                   if r <= shortest or self._verify_flat(_verified(w, n), shortest, r)]
+                   if r <= shortest or self._verify_flat(kept_size(w, n), shortest, r)]
         speed = {o: self.predicted_speedup(o[0], o[1], self.costs[key], o[2]) for o in options}
         best = max(options, key=speed.get)
         if self._last in speed and speed[best] < SWITCH_GAIN * speed[self._last]:
@@ -294,7 +294,7 @@ class TreePolicy:
         costs for that shape)."""
         costs = self.costs.get(self._key)
         if widths and costs is not None and tuple(widths) in costs.draft and draft_s > 0 and verify_s > 0:
-            measured = costs.draft[tuple(widths)] / costs.verify_s(_verified(widths, nodes) + retrieval_tokens)
+            measured = costs.draft[tuple(widths)] / costs.verify_s(kept_size(widths, nodes) + retrieval_tokens)
             self.draft_scale = 0.5 * self.draft_scale + 0.5 * (draft_s / verify_s) / measured
 
     def observe(self, widths, retrieval_tokens: int, accepted_lengths, retrieval_accepted: int,
@@ -316,11 +316,6 @@ class TreePolicy:
         if widths:
             tau = sum(accepted_lengths) / steps
             self.acceptance = 0.5 * self.acceptance + 0.5 * acceptance_from_tau(widths, tau, gain, nodes)
-
-
-def _verified(widths, nodes: int | None) -> int:
-    """Tokens of the verified tree: the root and every drafted node, or `nodes` of them (a reranked tree)."""
-    return 1 + (sum(widths) if nodes is None else min(nodes, sum(widths)))
 
 
 __all__ = ["LADDER", "TreeCosts", "TreePolicy", "acceptance_from_tau", "expected_tau", "measure_costs", "reranked"]
